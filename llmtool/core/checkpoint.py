@@ -1,0 +1,240 @@
+"""Hugging Face checkpoint directories on disk: read/write safetensors (single file or sharded with
+an index), lazy per-tensor access for layer-by-layer processing, atomic output directories, and
+the ``llmtool.json`` provenance file every command writes beside its output.
+
+Atomicity: outputs are built in a temporary sibling directory and renamed into place at the end;
+on any error (or Ctrl-C) the temporary directory is removed, so nothing half-written is left and
+the input is never touched.
+"""
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import shutil
+import tempfile
+import time
+from pathlib import Path
+from typing import Any, Iterator, Mapping
+
+import torch
+from safetensors import safe_open
+from safetensors.torch import save_file
+
+from llmtool.core.console import UsageError
+
+SAFE_INDEX = "model.safetensors.index.json"
+SAFE_SINGLE = "model.safetensors"
+PROVENANCE = "llmtool.json"
+TOKENIZER_FILES = (
+    "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "tokenizer.model",
+    "vocab.json", "merges.txt", "added_tokens.json", "chat_template.jinja", "chat_template.json",
+    "generation_config.json",
+)
+
+
+def read_config(model_dir: Path) -> dict:
+    path = Path(model_dir) / "config.json"
+    if not path.is_file():
+        raise UsageError(f"{model_dir}: not a model directory (no config.json)")
+    try:
+        return json.loads(path.read_text())
+    except json.JSONDecodeError as e:
+        raise UsageError(f"{path}: invalid JSON ({e.msg} at line {e.lineno})") from None
+
+
+def weight_files(model_dir: Path) -> list[Path]:
+    model_dir = Path(model_dir)
+    index = model_dir / SAFE_INDEX
+    if index.is_file():
+        names = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+        return [model_dir / n for n in names]
+    if (model_dir / SAFE_SINGLE).is_file():
+        return [model_dir / SAFE_SINGLE]
+    found = sorted(model_dir.glob("*.safetensors"))
+    if not found:
+        raise UsageError(f"{model_dir}: no *.safetensors weights found")
+    return found
+
+
+class LazyCheckpoint:
+    """Tensor-by-tensor access to a checkpoint without loading it whole (for layer-wise work)."""
+
+    def __init__(self, model_dir: Path):
+        self.dir = Path(model_dir)
+        self._where: dict[str, Path] = {}
+        for f in weight_files(self.dir):
+            with safe_open(str(f), framework="pt") as h:
+                for k in h.keys():
+                    self._where[k] = f
+
+    def keys(self) -> list[str]:
+        return list(self._where)
+
+    def __contains__(self, name: str) -> bool:
+        return name in self._where
+
+    def get(self, name: str) -> torch.Tensor:
+        with safe_open(str(self._where[name]), framework="pt") as h:
+            return h.get_tensor(name)
+
+    def load(self, prefix: str = "") -> dict[str, torch.Tensor]:
+        by_file: dict[Path, list[str]] = {}
+        for k, f in self._where.items():
+            if k.startswith(prefix):
+                by_file.setdefault(f, []).append(k)
+        out = {}
+        for f, ks in by_file.items():
+            with safe_open(str(f), framework="pt") as h:
+                for k in ks:
+                    out[k] = h.get_tensor(k)
+        return out
+
+
+def load_state_dict(model_dir: Path) -> dict[str, torch.Tensor]:
+    return LazyCheckpoint(model_dir).load()
+
+
+def save_state_dict(
+    tensors: Mapping[str, torch.Tensor], out_dir: Path, max_shard_bytes: int = 2 * 1024**3,
+    metadata: dict[str, str] | None = None,
+) -> list[Path]:
+    """Save tensors as safetensors (sharded with an HF index above ``max_shard_bytes``).
+    Tensors sharing storage (tied weights) are stored once under the first name."""
+    out_dir = Path(out_dir)
+    seen: dict[tuple[int, int, tuple], str] = {}
+    unique: dict[str, torch.Tensor] = {}
+    for name, t in tensors.items():
+        key = (t.untyped_storage().data_ptr(), t.storage_offset(), tuple(t.shape)) if t.numel() else None
+        if key is not None and key in seen:
+            continue
+        if key is not None:
+            seen[key] = name
+        unique[name] = t.detach().contiguous().cpu()
+    shards: list[dict[str, torch.Tensor]] = [{}]
+    size = 0
+    for name, t in unique.items():
+        nbytes = t.numel() * t.element_size()
+        if shards[-1] and size + nbytes > max_shard_bytes:
+            shards.append({})
+            size = 0
+        shards[-1][name] = t
+        size += nbytes
+    meta = {"format": "pt", **(metadata or {})}
+    if len(shards) == 1:
+        path = out_dir / SAFE_SINGLE
+        save_file(shards[0], str(path), metadata=meta)
+        return [path]
+    paths, weight_map = [], {}
+    for i, shard in enumerate(shards, 1):
+        fname = f"model-{i:05d}-of-{len(shards):05d}.safetensors"
+        save_file(shard, str(out_dir / fname), metadata=meta)
+        paths.append(out_dir / fname)
+        weight_map.update({k: fname for k in shard})
+    total = sum(t.numel() * t.element_size() for t in unique.values())
+    (out_dir / SAFE_INDEX).write_text(json.dumps({"metadata": {"total_size": total}, "weight_map": weight_map}, indent=2))
+    return paths
+
+
+def copy_tokenizer(src: Path, dst: Path) -> None:
+    for name in TOKENIZER_FILES:
+        if (Path(src) / name).is_file():
+            shutil.copy2(Path(src) / name, Path(dst) / name)
+
+
+def source_hash(model_dir: Path) -> str:
+    """sha256 over config.json and the weight files (names and bytes), identifying the source."""
+    h = hashlib.sha256()
+    model_dir = Path(model_dir)
+    files = [model_dir / "config.json", *weight_files(model_dir)]
+    for f in files:
+        h.update(f.name.encode())
+        with open(f, "rb") as fh:
+            for chunk in iter(lambda: fh.read(1 << 22), b""):
+                h.update(chunk)
+    return h.hexdigest()
+
+
+def dir_size_bytes(path: Path, pattern: str = "*.safetensors") -> int:
+    return sum(f.stat().st_size for f in Path(path).glob(pattern))
+
+
+def check_output(out: Path, overwrite: bool, inputs: tuple[Path, ...] = ()) -> Path:
+    """Validate an output path before any work: it must not exist unless --overwrite, must not be
+    (or lie inside) an input, and its parent must be creatable."""
+    out = Path(out).resolve()
+    for src in inputs:
+        src = Path(src).resolve()
+        if out == src or src in out.parents:
+            raise UsageError(f"{out}: output would overwrite or nest inside the input {src}")
+    if out.exists() and not overwrite:
+        raise UsageError(f"{out}: already exists (pass --overwrite to replace it)")
+    return out
+
+
+@contextlib.contextmanager
+def atomic_output(out: Path, overwrite: bool = False) -> Iterator[Path]:
+    """Yield a temporary directory that becomes ``out`` only if the block succeeds."""
+    out = Path(out).resolve()
+    if out.exists() and not overwrite:
+        raise UsageError(f"{out}: already exists (pass --overwrite to replace it)")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
+    try:
+        yield tmp
+        if out.exists():
+            old = out.with_name(f".{out.name}.old-{os.getpid()}")
+            out.rename(old)
+            tmp.rename(out)
+            shutil.rmtree(old) if old.is_dir() else old.unlink()
+        else:
+            tmp.rename(out)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+
+
+@contextlib.contextmanager
+def atomic_file(out: Path, overwrite: bool = True) -> Iterator[Path]:
+    """Yield a temporary file path that replaces ``out`` only if the block succeeds."""
+    out = Path(out)
+    if out.exists() and not overwrite:
+        raise UsageError(f"{out}: already exists (pass --overwrite to replace it)")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{out.name}.tmp-", dir=out.parent)
+    os.close(fd)
+    try:
+        yield Path(tmp)
+        os.replace(tmp, out)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+        raise
+
+
+def write_provenance(
+    out_dir: Path, command: str, method: str, params: Mapping[str, Any], source: Path | None = None,
+    metrics: Mapping[str, Any] | None = None, **extra: Any,
+) -> dict:
+    """Write ``llmtool.json``: what made this output (command, method, every parameter, the source
+    model's path and hash) and what was measured."""
+    from llmtool import __version__
+
+    record = {
+        "llmtool_version": __version__,
+        "command": command,
+        "method": method,
+        "parameters": dict(params),
+        "source": None if source is None else {"path": str(source), "sha256": source_hash(source)},
+        "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "metrics": dict(metrics or {}),
+        **extra,
+    }
+    (Path(out_dir) / PROVENANCE).write_text(json.dumps(record, indent=2, default=str))
+    return record
+
+
+def read_provenance(model_dir: Path) -> dict | None:
+    p = Path(model_dir) / PROVENANCE
+    return json.loads(p.read_text()) if p.is_file() else None

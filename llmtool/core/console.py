@@ -1,0 +1,133 @@
+"""Console output shared by every command: global options, progress bars, tables, JSON output,
+and the mapping of user errors to a one-line message and exit code 2.
+
+Every command prints its human-readable output through :func:`emit` (a rich table on stdout, or
+one JSON document when the global ``--json`` flag is set) and reports loops over layers/samples
+through :func:`progress` (drawn on stderr, silent under ``--json`` or when stderr is no terminal).
+"""
+from __future__ import annotations
+
+import json
+import sys
+from dataclasses import dataclass
+from typing import Any, Iterable, Iterator, Sequence, TypeVar
+
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+T = TypeVar("T")
+
+stdout = Console()
+stderr = Console(stderr=True)
+
+
+class UsageError(Exception):
+    """A problem with the user's input (file, option, value). Printed as one line; exit code 2."""
+
+    exit_code = 2
+
+
+@dataclass
+class GlobalOptions:
+    json: bool = False
+    device: str = "cpu"
+    dtype: str = "float32"
+    seed: int = 0
+    quiet: bool = False
+
+
+OPTIONS = GlobalOptions()
+
+
+def progress(items: Iterable[T], description: str, total: int | None = None) -> Iterator[T]:
+    """Iterate ``items`` with a rich progress bar on stderr (hidden under --json/--quiet or no tty)."""
+    if total is None and hasattr(items, "__len__"):
+        total = len(items)  # type: ignore[arg-type]
+    show = not (OPTIONS.json or OPTIONS.quiet) and stderr.is_terminal
+    if not show:
+        yield from items
+        return
+    with Progress(
+        TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+        console=stderr, transient=True,
+    ) as bar:
+        task = bar.add_task(description, total=total)
+        for item in items:
+            yield item
+            bar.advance(task)
+
+
+def info(message: str) -> None:
+    """A status line on stderr (never mixed into --json stdout)."""
+    if not OPTIONS.quiet:
+        stderr.print(message, highlight=False)
+
+
+def _fmt(value: Any) -> str:
+    if isinstance(value, float):
+        return f"{value:.4g}" if abs(value) < 1e5 else f"{value:.3e}"
+    return str(value)
+
+
+def table(rows: Sequence[dict], title: str | None = None, columns: Sequence[str] | None = None) -> Table:
+    columns = list(columns or (rows[0].keys() if rows else []))
+    t = Table(title=title)
+    for c in columns:
+        t.add_column(str(c))
+    for row in rows:
+        t.add_row(*(_fmt(row.get(c, "")) for c in columns))
+    return t
+
+
+def markdown_table(rows: Sequence[dict], columns: Sequence[str] | None = None) -> str:
+    """A GitHub markdown table of ``rows`` (used by benchmarks for the README)."""
+    columns = list(columns or (rows[0].keys() if rows else []))
+    lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
+    for row in rows:
+        lines.append("| " + " | ".join(_fmt(row.get(c, "")) for c in columns) + " |")
+    return "\n".join(lines)
+
+
+def emit(result: Any, rows: Sequence[dict] | None = None, title: str | None = None) -> None:
+    """Print a command's result: ``result`` as JSON under --json, else ``rows`` as a table
+    (or ``result`` as key/value rows when it is a flat dict)."""
+    if OPTIONS.json:
+        sys.stdout.write(json.dumps(result, indent=2, default=_json_default) + "\n")
+        return
+    if rows is None and isinstance(result, dict):
+        rows = [{"key": k, "value": v} for k, v in result.items() if not isinstance(v, (dict, list))]
+    if rows:
+        stdout.print(table(rows, title=title))
+    elif result is not None and not isinstance(result, dict):
+        stdout.print(result)
+
+
+def _json_default(obj: Any) -> Any:
+    try:
+        import numpy as np
+
+        if isinstance(obj, np.generic):
+            return obj.item()
+        if isinstance(obj, np.ndarray):
+            return obj.tolist()
+    except ImportError:  # pragma: no cover
+        pass
+    try:
+        import torch
+
+        if isinstance(obj, torch.Tensor):
+            return obj.tolist()
+    except ImportError:  # pragma: no cover
+        pass
+    if hasattr(obj, "__dataclass_fields__"):
+        from dataclasses import asdict
+
+        return asdict(obj)
+    return str(obj)
+
+
+def fail(message: str, code: int = 2) -> "NoReturn":  # type: ignore[name-defined]
+    """Print ``error: message`` on stderr and exit with ``code`` (no traceback)."""
+    stderr.print(f"[red]error:[/red] {message}", highlight=False, soft_wrap=True)
+    raise SystemExit(code)

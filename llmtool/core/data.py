@@ -1,0 +1,104 @@
+"""Calibration/eval text and record loaders (named packaged corpora, .txt, .jsonl, .parquet, .csv)."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Iterable, Sequence
+
+import torch
+
+from llmtool.core.console import UsageError
+
+DEFAULT_CALIB = "austen-train"
+DEFAULT_EVAL = "austen-test"
+
+
+def load_text(source: str | Path) -> str:
+    """Text of a packaged corpus name (``austen-train``, ``austen-test``) or a file:
+    .txt (whole file), .jsonl (field ``text`` of each line), .parquet/.csv (column ``text``)."""
+    from llmtool.core import defaults
+
+    if str(source) in defaults.TEXTS:
+        return defaults.text(str(source))
+    path = Path(source)
+    if not path.is_file():
+        raise UsageError(f"{source}: no such data file or dataset (datasets: {', '.join(defaults.TEXTS)})")
+    if path.suffix == ".jsonl":
+        return "\n\n".join(str(r["text"]) for r in read_jsonl(path, required=("text",)))
+    if path.suffix in (".parquet", ".csv"):
+        return "\n\n".join(str(r["text"]) for r in read_table(path, required=("text",)))
+    try:
+        return path.read_text()
+    except UnicodeDecodeError:
+        raise UsageError(f"{path}: not UTF-8 text") from None
+
+
+def read_jsonl(path: str | Path, required: Sequence[str] = ()) -> list[dict]:
+    """Read a JSONL file; a malformed line or a missing field is a one-line error naming the line."""
+    path = Path(path)
+    if not path.is_file():
+        raise UsageError(f"{path}: no such file")
+    rows = []
+    with open(path, encoding="utf-8") as fh:
+        for i, line in enumerate(fh, 1):
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError as e:
+                raise UsageError(f"{path}:{i}: malformed JSON ({e.msg})") from None
+            if not isinstance(row, dict):
+                raise UsageError(f"{path}:{i}: each line must be a JSON object")
+            for f in required:
+                if f not in row:
+                    raise UsageError(f"{path}:{i}: missing field {f!r}")
+            rows.append(row)
+    if not rows:
+        raise UsageError(f"{path}: no records")
+    return rows
+
+
+def write_jsonl(path: str | Path, rows: Iterable[dict]) -> None:
+    from llmtool.core.checkpoint import atomic_file
+
+    with atomic_file(Path(path)) as tmp, open(tmp, "w", encoding="utf-8") as fh:
+        for r in rows:
+            fh.write(json.dumps(r, ensure_ascii=False) + "\n")
+
+
+def read_table(path: str | Path, required: Sequence[str] = ()) -> list[dict]:
+    """Rows of a .csv or .parquet file as dicts."""
+    path = Path(path)
+    if not path.is_file():
+        raise UsageError(f"{path}: no such file")
+    if path.suffix == ".parquet":
+        import pyarrow.parquet as pq
+
+        rows = pq.read_table(path).to_pylist()
+    else:
+        import csv
+
+        with open(path, newline="", encoding="utf-8") as fh:
+            rows = list(csv.DictReader(fh))
+    for f in required:
+        if rows and f not in rows[0]:
+            raise UsageError(f"{path}: missing column {f!r}")
+    return rows
+
+
+def tokenize(tokenizer, text: str) -> torch.Tensor:
+    """Token ids of ``text`` as one 1-D tensor (no special tokens added)."""
+    ids = tokenizer(text, add_special_tokens=False, return_attention_mask=False)["input_ids"]
+    return torch.tensor(ids, dtype=torch.long)
+
+
+def calibration_batches(tokenizer, source: str | Path = DEFAULT_CALIB, n: int = 32, seqlen: int = 512,
+                        seed: int = 0) -> torch.Tensor:
+    """``n`` random windows of ``seqlen`` tokens of the concatenated tokenized text, as [n, seqlen]
+    (the SVD-LLM / GPTQ calibration protocol)."""
+    ids = tokenize(tokenizer, load_text(source))
+    if ids.numel() <= seqlen:
+        raise UsageError(f"{source}: only {ids.numel()} tokens, need more than --seqlen {seqlen}")
+    g = torch.Generator().manual_seed(seed)
+    starts = torch.randint(0, ids.numel() - seqlen, (n,), generator=g)
+    return torch.stack([ids[s:s + seqlen] for s in starts.tolist()])

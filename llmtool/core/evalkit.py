@@ -1,0 +1,81 @@
+"""Measurement shared by all commands: perplexity with a fixed protocol, peak memory, timing.
+
+Perplexity protocol (``llmtool evaluate ppl``): the eval text is tokenized whole without special
+tokens and cut to its first ``max_tokens`` tokens; windows of ``seqlen`` tokens start every
+``stride`` tokens. Each window is scored independently; of every window after the first only its
+last ``stride`` tokens count (HF's sliding-window protocol; ``stride == seqlen`` gives disjoint
+windows). PPL = exp(total NLL / number of scored tokens). Defaults: austen-test, seqlen 512,
+stride 512, max_tokens 16384.
+"""
+from __future__ import annotations
+
+import math
+import resource
+import time
+from contextlib import contextmanager
+from dataclasses import dataclass
+
+import torch
+
+from llmtool.core.console import progress
+
+
+@dataclass
+class PplResult:
+    ppl: float
+    nll: float
+    tokens: int
+    windows: int
+    seqlen: int
+    stride: int
+
+
+@torch.no_grad()
+def perplexity(model, ids: torch.Tensor, seqlen: int = 512, stride: int | None = None,
+               max_tokens: int | None = 16384, batch_size: int = 4) -> PplResult:
+    stride = stride or seqlen
+    if max_tokens:
+        ids = ids[:max_tokens]
+    device = next(model.parameters()).device
+    spans = []  # (start, end, number of scored tokens at the end of the window)
+    prev_end = 0
+    for begin in range(0, max(1, ids.numel() - 1), stride):
+        end = min(begin + seqlen, ids.numel())
+        scored = end - prev_end if begin else end - begin
+        if end - begin < 2:
+            break
+        spans.append((begin, end, scored))
+        prev_end = end
+        if end == ids.numel():
+            break
+    total_nll, total_tok = 0.0, 0
+    for i in progress(range(0, len(spans), batch_size), "perplexity", total=math.ceil(len(spans) / batch_size)):
+        group = spans[i:i + batch_size]
+        same = all(e - b == group[0][1] - group[0][0] for b, e, _ in group)
+        chunks = [group] if same else [[s] for s in group]
+        for chunk in chunks:
+            x = torch.stack([ids[b:e] for b, e, _ in chunk]).to(device)
+            logits = model(input_ids=x).logits.float()
+            logp = torch.log_softmax(logits[:, :-1], dim=-1)
+            nll = -logp.gather(-1, x[:, 1:, None]).squeeze(-1)
+            for row, (b, e, scored) in zip(nll, chunk):
+                take = min(scored, e - b - 1)
+                total_nll += row[-take:].sum().item()
+                total_tok += take
+    mean = total_nll / max(1, total_tok)
+    return PplResult(math.exp(mean), mean, total_tok, len(spans), seqlen, stride)
+
+
+def peak_rss_mb() -> float:
+    """Peak resident memory of this process so far (MiB)."""
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
+
+
+@contextmanager
+def timer():
+    out = {"seconds": 0.0}
+    t0 = time.perf_counter()
+    try:
+        yield out
+    finally:
+        out["seconds"] = time.perf_counter() - t0

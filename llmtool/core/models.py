@@ -1,0 +1,152 @@
+"""Model and tokenizer loading from a local directory or a packaged default's alias.
+
+Nothing is fetched from a model hub: ``HF_HUB_OFFLINE=1`` is set before transformers loads, and
+every load passes ``local_files_only=True``.
+
+Checkpoints written by llmtool in a format plain transformers cannot read (low-rank factors,
+packed integers) carry a block in config.json naming the format; :data:`FORMAT_MODULES` maps that
+block to the module whose ``load_checkpoint(path, config, dtype, device)`` rebuilds the model, so
+``llmtool.load(dir)`` works for all of them.
+"""
+from __future__ import annotations
+
+import importlib
+import os
+from pathlib import Path
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")
+
+import torch  # noqa: E402
+import transformers  # noqa: E402
+
+transformers.utils.logging.set_verbosity_error()
+transformers.utils.logging.disable_progress_bar()
+
+from llmtool.core.checkpoint import read_config  # noqa: E402
+from llmtool.core.console import OPTIONS, UsageError  # noqa: E402
+
+FORMAT_MODULES = {
+    "llmtool_lowrank": "llmtool.compress.lowrank",
+    "llmtool_quant": "llmtool.quantize.formats",
+}
+
+DTYPES = {"float32": torch.float32, "fp32": torch.float32, "float16": torch.float16, "fp16": torch.float16,
+          "bfloat16": torch.bfloat16, "bf16": torch.bfloat16, "float64": torch.float64, "fp64": torch.float64}
+
+
+def parse_dtype(name: str | torch.dtype | None) -> torch.dtype:
+    if isinstance(name, torch.dtype):
+        return name
+    name = name or OPTIONS.dtype
+    try:
+        return DTYPES[name]
+    except KeyError:
+        raise UsageError(f"unknown --dtype {name!r}; choose one of: float32, float16, bfloat16, float64") from None
+
+
+def parse_device(name: str | None) -> torch.device:
+    name = name or OPTIONS.device
+    if name.startswith("cuda") and not torch.cuda.is_available():
+        raise UsageError(f"--device {name}: CUDA is not available on this machine")
+    try:
+        return torch.device(name)
+    except RuntimeError:
+        raise UsageError(f"unknown --device {name!r}") from None
+
+
+def resolve_model(model: str | os.PathLike) -> Path:
+    """A model argument is a directory or the alias of a packaged default (materialized on first use)."""
+    path = Path(model).expanduser()
+    if path.is_dir():
+        read_config(path)  # raises a clear error when config.json is missing
+        return path
+    from llmtool.core import defaults
+
+    if str(model) in defaults.MODELS:
+        return defaults.ensure_model(str(model))
+    if path.exists():
+        raise UsageError(f"{path}: not a directory (give a model directory or a default alias)")
+    raise UsageError(
+        f"{model}: no such model directory or default alias (aliases: {', '.join(defaults.MODELS)})"
+    )
+
+
+def check_causal_lm(path: Path, config: dict | None = None) -> dict:
+    config = config if config is not None else read_config(path)
+    archs = config.get("architectures") or []
+    if not any(str(a).endswith("ForCausalLM") for a in archs):
+        raise UsageError(
+            f"{path}: not a causal language model (config.json architectures={archs or 'missing'}); "
+            "llmtool needs a *ForCausalLM checkpoint"
+        )
+    return config
+
+
+def load_model(model, dtype=None, device=None, check: bool = True):
+    """Load a causal LM (any HF dir, default alias, or llmtool output) in eval mode."""
+    path = resolve_model(model)
+    config = read_config(path)
+    if check:
+        check_causal_lm(path, config)
+    torch_dtype = parse_dtype(dtype)
+    dev = parse_device(device)
+    for key, module in FORMAT_MODULES.items():
+        if key in config:
+            mod = importlib.import_module(module)
+            m = mod.load_checkpoint(path, config, torch_dtype, dev)
+            return m.eval()
+    from transformers import AutoModelForCausalLM
+
+    try:
+        m = AutoModelForCausalLM.from_pretrained(path, dtype=torch_dtype, local_files_only=True)
+    except (OSError, ValueError, KeyError) as e:
+        raise UsageError(f"{path}: cannot load model ({str(e).splitlines()[0]})") from None
+    return m.to(dev).eval()
+
+
+def load_tokenizer(model):
+    from transformers import AutoTokenizer
+
+    path = resolve_model(model)
+    try:
+        tok = AutoTokenizer.from_pretrained(path, local_files_only=True)
+    except (OSError, ValueError) as e:
+        raise UsageError(f"{path}: cannot load tokenizer ({str(e).splitlines()[0]})") from None
+    if tok.pad_token is None:
+        tok.pad_token = tok.eos_token
+    return tok
+
+
+def decoder_layers(model) -> torch.nn.ModuleList:
+    """The list of decoder blocks of a Llama-style (or compatible) causal LM."""
+    for attr in ("model.layers", "model.decoder.layers", "transformer.h", "gpt_neox.layers"):
+        obj = model
+        try:
+            for part in attr.split("."):
+                obj = getattr(obj, part)
+        except AttributeError:
+            continue
+        return obj
+    raise UsageError(f"unsupported architecture {type(model).__name__}: cannot find its decoder layers")
+
+
+def set_seed(seed: int | None = None) -> int:
+    seed = OPTIONS.seed if seed is None else seed
+    import random
+
+    import numpy as np
+
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+    torch.manual_seed(seed)
+    return seed
+
+
+def param_count(model) -> int:
+    seen, n = set(), 0
+    for p in model.parameters():
+        if p.data_ptr() not in seen:
+            seen.add(p.data_ptr())
+            n += p.numel()
+    return n
