@@ -1,0 +1,173 @@
+"""Foundation: checkpoint IO, atomic outputs, registry, perplexity protocol, CLI error mapping."""
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+import torch
+
+from conftest import build_tiny_llama, run_cli, run_cli_subprocess
+from llmtool.core import checkpoint, data, evalkit
+from llmtool.core.console import UsageError
+from llmtool.core.registry import Registry
+
+
+def test_save_load_roundtrip_sharded_and_tied(tmp_path):
+    model = build_tiny_llama(100)
+    sd = model.state_dict()
+    assert sd["lm_head.weight"].data_ptr() == sd["model.embed_tokens.weight"].data_ptr()
+    paths = checkpoint.save_state_dict(sd, tmp_path, max_shard_bytes=40_000)
+    assert len(paths) > 1 and (tmp_path / checkpoint.SAFE_INDEX).is_file()
+    back = checkpoint.load_state_dict(tmp_path)
+    assert "lm_head.weight" not in back  # tied storage stored once
+    assert set(back) == set(sd) - {"lm_head.weight"}
+    for k, v in back.items():
+        assert torch.equal(v, sd[k]), k
+    lazy = checkpoint.LazyCheckpoint(tmp_path)
+    layer0 = lazy.load("model.layers.0.")
+    assert layer0 and all(k.startswith("model.layers.0.") for k in layer0)
+
+
+def test_atomic_output_leaves_nothing_on_error(tmp_path):
+    out = tmp_path / "out"
+    with pytest.raises(RuntimeError):
+        with checkpoint.atomic_output(out) as tmp:
+            (tmp / "half.bin").write_bytes(b"x")
+            raise RuntimeError("boom")
+    assert list(tmp_path.iterdir()) == []
+    with checkpoint.atomic_output(out) as tmp:
+        (tmp / "a").write_text("1")
+    assert (out / "a").read_text() == "1"
+    with pytest.raises(UsageError, match="already exists"):
+        with checkpoint.atomic_output(out):
+            pass
+    with checkpoint.atomic_output(out, overwrite=True) as tmp:
+        (tmp / "b").write_text("2")
+    assert sorted(p.name for p in out.iterdir()) == ["b"]
+    assert [p.name for p in tmp_path.iterdir()] == ["out"]
+
+
+def test_check_output_refuses_input_and_existing(tmp_path):
+    (tmp_path / "m").mkdir()
+    with pytest.raises(UsageError, match="overwrite or nest"):
+        checkpoint.check_output(tmp_path / "m", overwrite=True, inputs=(tmp_path / "m",))
+    with pytest.raises(UsageError, match="already exists"):
+        checkpoint.check_output(tmp_path / "m", overwrite=False)
+
+
+def test_provenance_records_source_hash(tiny_llama_dir, tmp_path):
+    rec = checkpoint.write_provenance(tmp_path, "compress", "svd", {"ratio": 0.2}, tiny_llama_dir, {"ppl": 1.0})
+    on_disk = json.loads((tmp_path / "llmtool.json").read_text())
+    assert on_disk["source"]["sha256"] == rec["source"]["sha256"] == checkpoint.source_hash(tiny_llama_dir)
+    assert on_disk["parameters"] == {"ratio": 0.2} and on_disk["metrics"] == {"ppl": 1.0}
+
+
+def test_registry_lists_choices():
+    reg = Registry("compress")
+    reg.register("b")(1)
+    reg.register("a")(2)
+    assert reg.get("a") == 2 and reg.names() == ["a", "b"]
+    with pytest.raises(UsageError, match="choose one of: a, b"):
+        reg.get("zz")
+    with pytest.raises(ValueError):
+        reg.register("a")(3)
+
+
+def _reference_nll(model, ids, seqlen, stride):
+    """Independent sliding-window NLL: windows start every ``stride`` tokens; a window scores the
+    positions not scored by an earlier window (the first position of a window has no context there,
+    so disjoint windows score seqlen-1 tokens each)."""
+    total, count = 0.0, 0
+    scored_until = 0
+    for begin in range(0, ids.numel() - 1, stride):
+        end = min(begin + seqlen, ids.numel())
+        with torch.no_grad():
+            logits = model(input_ids=ids[None, begin:end]).logits[0]
+        for pos in range(max(begin + 1, scored_until), end):
+            total -= torch.log_softmax(logits[pos - 1 - begin].double(), -1)[ids[pos]].item()
+            count += 1
+        scored_until = end
+        if end == ids.numel():
+            break
+    return total / count, count
+
+
+@pytest.mark.parametrize("seqlen,stride", [(16, 16), (16, 8), (20, 7)])
+def test_perplexity_matches_reference(seqlen, stride):
+    model = build_tiny_llama(100, seed=1)
+    ids = torch.randint(0, 100, (75,), generator=torch.Generator().manual_seed(0))
+    r = evalkit.perplexity(model, ids, seqlen=seqlen, stride=stride, max_tokens=None, batch_size=3)
+    nll, count = _reference_nll(model, ids, seqlen, stride)
+    assert r.tokens == count
+    assert count == (74 if stride < seqlen else 75 - math.ceil(75 / seqlen))
+    assert r.nll == pytest.approx(nll, rel=1e-5)
+    assert r.ppl == pytest.approx(math.exp(nll), rel=1e-5)
+
+
+def test_read_jsonl_errors_name_the_line(tmp_path):
+    p = tmp_path / "x.jsonl"
+    p.write_text('{"text": "a"}\n{"text": \n')
+    with pytest.raises(UsageError, match=r"x.jsonl:2: malformed JSON"):
+        data.read_jsonl(p)
+    p.write_text('{"text": "a"}\n{"other": 1}\n')
+    with pytest.raises(UsageError, match=r"x.jsonl:2: missing field 'text'"):
+        data.read_jsonl(p, required=("text",))
+
+
+def test_calibration_batches_are_seeded_windows(tiny_tokenizer, tiny_text_file):
+    a = data.calibration_batches(tiny_tokenizer, tiny_text_file, n=4, seqlen=16, seed=3)
+    b = data.calibration_batches(tiny_tokenizer, tiny_text_file, n=4, seqlen=16, seed=3)
+    c = data.calibration_batches(tiny_tokenizer, tiny_text_file, n=4, seqlen=16, seed=4)
+    ids = data.tokenize(tiny_tokenizer, tiny_text_file.read_text())
+    assert a.shape == (4, 16) and torch.equal(a, b) and not torch.equal(a, c)
+    row = a[0].tolist()
+    assert any(ids[s:s + 16].tolist() == row for s in range(ids.numel() - 15))
+
+
+def test_cli_version_and_ppl_json(tiny_llama_dir, tiny_text_file):
+    code, out, _ = run_cli("--version")
+    assert code == 0 and out.startswith("llmtool ")
+    code, out, _ = run_cli("--json", "evaluate", "ppl", tiny_llama_dir, "--data", tiny_text_file, "--seqlen", "32")
+    assert code == 0, out
+    res = json.loads(out)
+    assert res["seqlen"] == 32 and res["tokens"] > 0 and 1 < res["ppl"] < 1e4
+
+
+def test_cli_user_errors_exit_2_one_line(tmp_path, tiny_llama_dir):
+    proc = run_cli_subprocess("evaluate", "ppl", tmp_path / "missing")
+    assert proc.returncode == 2
+    assert "Traceback" not in proc.stderr and proc.stderr.strip().count("\n") == 0
+    assert "no such model directory" in proc.stderr
+    bad = tmp_path / "enc"
+    bad.mkdir()
+    (bad / "config.json").write_text(json.dumps({"architectures": ["BertModel"], "model_type": "bert"}))
+    code, _, err = run_cli("evaluate", "ppl", bad)
+    assert code == 2 and "not a causal language model" in err
+    (bad / "config.json").write_text("{nope")
+    code, _, err = run_cli("evaluate", "ppl", bad)
+    assert code == 2 and "invalid JSON" in err
+    code, _, err = run_cli("--dtype", "float8", "evaluate", "ppl", tiny_llama_dir, "--data", "austen-nope")
+    assert code == 2
+
+
+def test_austen_corpus_parses_into_books():
+    from llmtool.core import defaults
+
+    books = defaults.austen_books()
+    assert set(defaults.AUSTEN_TRAIN + defaults.AUSTEN_TEST) <= set(books)
+    pride = "\n".join(books["prideprejudice"])
+    assert "It is a truth universally acknowledged" in pride
+    test_text = defaults.text("austen-test")
+    assert "Persuasion" in test_text or "Elliot" in test_text
+    assert "Elizabeth Bennet" not in test_text  # train and test are disjoint books
+
+
+@pytest.mark.slow
+def test_default_model_is_coherent(smollm2_dir):
+    from llmtool.core.models import load_model, load_tokenizer
+
+    tok, model = load_tokenizer(smollm2_dir), load_model(smollm2_dir)
+    ids = tok("The capital of France is", return_tensors="pt").input_ids
+    out = model.generate(ids, max_new_tokens=4, do_sample=False)
+    assert "Paris" in tok.decode(out[0, ids.shape[1]:])
