@@ -1,0 +1,83 @@
+"""Triton kernels of the quantize area vs their torch references (TRITON_INTERPRET=1, CPU tensors)."""
+import os
+
+os.environ["TRITON_INTERPRET"] = "1"
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
+
+triton = pytest.importorskip("triton")
+
+from kernels import hadamard, intpack, quant, w4a4_matmul  # noqa: E402
+
+
+@pytest.mark.parametrize("n", [16, 64, 576, 960, 1536, 2560])
+def test_hadamard_orthogonal_and_fast_transform_matches_dense(n):
+    h = hadamard.hadamard_matrix(n)
+    assert torch.allclose(h @ h.T, torch.eye(n, dtype=torch.float64), atol=1e-12, rtol=0)
+    assert set(torch.unique((h * n ** 0.5).round()).tolist()) == {-1.0, 1.0}
+    x = torch.randn(3, n, dtype=torch.float64)
+    assert torch.allclose(hadamard.hadamard_transform(x), x @ h, atol=1e-12, rtol=0)
+
+
+def test_unsupported_hadamard_order_is_an_error():
+    with pytest.raises(ValueError, match="no Hadamard"):
+        hadamard.hadamard_matrix(24 * 7)
+
+
+def test_fwht_triton_matches_reference():
+    x = torch.randn(3, 64)
+    ref = hadamard.fwht_reference(x)
+    assert torch.allclose(hadamard.fwht_triton(x), ref, atol=1e-6)
+    assert torch.allclose(ref, x @ hadamard.hadamard_matrix(64, torch.float32), atol=1e-5)
+
+
+@pytest.mark.parametrize("bits,n", [(4, 16), (3, 24)])
+def test_pack_unpack_roundtrip_and_triton_equal(bits, n):
+    g = torch.Generator().manual_seed(0)
+    codes = torch.randint(0, 2 ** bits, (5, n), generator=g).to(torch.uint8)
+    ref = intpack.pack(codes, bits)
+    assert ref.shape == (5, intpack.packed_width(n, bits))
+    assert torch.equal(intpack.unpack(ref, bits), codes)
+    tri_pack = intpack.pack_int4_triton if bits == 4 else intpack.pack_int3_triton
+    tri_unpack = intpack.unpack_int4_triton if bits == 4 else intpack.unpack_int3_triton
+    assert torch.equal(tri_pack(codes), ref)
+    assert torch.equal(tri_unpack(ref), codes)
+
+
+def test_int4_layout_is_low_nibble_first():
+    codes = torch.tensor([[1, 2, 15, 0]], dtype=torch.uint8)
+    assert intpack.pack(codes, 4).tolist() == [[0x21, 0x0F]]
+
+
+@pytest.mark.parametrize("bits,symmetric", [(4, False), (3, False), (4, True)])
+def test_per_token_quant_triton_matches_reference_and_error_bound(bits, symmetric):
+    x = torch.randn(6, 40) * torch.linspace(0.1, 5, 6)[:, None]
+    x[2] = 0.0  # an all-zero row gets scale 1
+    c_ref, s_ref, z_ref = quant.quantize_per_token_reference(x, bits, symmetric)
+    c_tri, s_tri, z_tri = quant.quantize_per_token_triton(x, bits, symmetric)
+    assert torch.equal(c_tri, c_ref) and torch.equal(s_tri, s_ref) and torch.equal(z_tri, z_ref)
+    fake = quant.fake_quant_per_token_reference(x, bits, symmetric)
+    assert torch.allclose(quant.fake_quant_per_token_triton(x, bits, symmetric), fake, atol=0, rtol=0)
+    # round-trip error at most half a quantization step, elementwise
+    assert ((fake - x).abs() <= s_ref / 2 + 1e-6).all()
+    assert int(c_ref.max()) <= 2 ** bits - 1
+
+
+def test_fake_quant_16_bits_is_identity():
+    x = torch.randn(4, 8)
+    assert quant.fake_quant_per_token(x, 16) is x
+
+
+def test_w4a4_matmul_triton_matches_reference_and_float():
+    g = torch.Generator().manual_seed(1)
+    x = torch.randn(5, 64, generator=g)
+    wcodes = torch.randint(0, 16, (40, 64), generator=g).to(torch.uint8)
+    wscale = torch.rand(40, 1, generator=g) + 0.1
+    packed = intpack.pack(wcodes, 4)
+    xc, xs, xz = quant.quantize_per_token(x, 4)
+    ref = w4a4_matmul.w4a4_matmul_reference(xc, xs, xz, packed, wscale)
+    tri = w4a4_matmul.w4a4_matmul_triton(xc, xs, xz, packed, wscale)
+    assert torch.equal(tri, ref)
+    dense = ((xc.double() - xz.double()) * xs.double()) @ ((wcodes.double() - 8) * wscale.double()).T
+    assert torch.allclose(ref.double(), dense, rtol=1e-5, atol=1e-5)
