@@ -1,0 +1,32 @@
+"""SVD-LLM-style whitened SVD baseline (`--method svd-llm`; Wang et al., "SVD-LLM: Truncation-aware
+Singular Value Decomposition for LLM Compression", ICLR 2025; official `svdllm` mode of ZS-SVD).
+
+``A = W L`` with ``L L^T`` the regularised input covariance (:mod:`whitening`), truncated SVD of
+``A`` at the uniform rank ``r = floor((1 - ratio) m n / (m + n))``, factors
+``B = U_r diag(sqrt sigma_r)``, ``A_r = diag(sqrt sigma_r) V_r^T L^{-1}``. Truncating the whitened
+SVD minimises the layer-output error on the calibration data. It isolates the value of ZS-SVD's
+global allocation: same whitening, same budget, uniform ranks. (SVD-LLM's optional parameter
+update after truncation is not part of this baseline, as in the ZS-SVD comparison.)
+"""
+from __future__ import annotations
+
+import torch
+
+from llmtool.compress.factorize import ModuleSpec, Spectrum, split_factors, whitened_svd
+from llmtool.compress.methods import METHODS
+from llmtool.compress.whitening import whitener_from_covariance
+
+
+@METHODS.register("svd-llm")
+class WhitenedSVD:
+    needs_gram = True
+    needs_grad = False
+    needs_abs_mean = False
+    uniform = True
+    rule = None
+
+    def decompose(self, spec: ModuleSpec, weight: torch.Tensor, stats, grad, eps: float, kmax: int) -> Spectrum:
+        whitener = whitener_from_covariance(stats.covariance(spec.name), eps)
+        u, sigma, vh = whitened_svd(weight, whitener)
+        a, b = split_factors(u, sigma, vh, kmax, right=whitener)
+        return Spectrum(spec, sigma, None, b, a)
