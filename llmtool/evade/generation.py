@@ -27,7 +27,9 @@ def generate_ids(model, tokenizer, prompt_ids: list[list[int]], processors: list
                  decode: DecodeConfig | None = None, greedy: bool = False, plain_sampling: bool = False,
                  max_new_tokens: list[int] | None = None, batch_seed: int | None = None,
                  stop_ids: list[int] | None = None) -> list[list[int]]:
-    """Continuation ids (prompt stripped, stopped at EOS, EOS not included) for each prompt."""
+    """Continuation ids (prompt stripped, stopped at EOS, EOS not included) for each prompt.
+    ``processors`` is a list, or a callable ``(start, stop) -> list`` for per-item processors of the
+    batch holding prompts ``start..stop-1``."""
     from transformers import LogitsProcessorList
 
     decode = decode or DecodeConfig()
@@ -54,7 +56,8 @@ def generate_ids(model, tokenizer, prompt_ids: list[list[int]], processors: list
             kwargs.update(do_sample=True, temperature=1.0, top_p=1.0, top_k=0)
         else:
             kwargs.update(do_sample=True, temperature=decode.temperature, top_p=decode.top_p, top_k=0)
-        procs = LogitsProcessorList(processors or [])
+        chosen = processors(start, start + len(chunk)) if callable(processors) else processors
+        procs = LogitsProcessorList(chosen or [])
         with torch.no_grad():
             out = model.generate(input_ids=ids.to(device), attention_mask=mask.to(device),
                                  logits_processor=procs, **kwargs)

@@ -1,0 +1,262 @@
+"""`llmtool evade ...`: watermark text (KGW, Unigram, EXP, DiPmark), detect watermarks, attack them
+(BIRA and its baselines), and score detection / text quality. Heavy imports stay inside commands."""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, List, Optional
+
+import typer
+
+from llmtool.core.console import OPTIONS, UsageError, emit, info
+from llmtool.core.options import ModelArg, Overwrite
+
+app = typer.Typer(no_args_is_help=True)
+
+Scheme = Annotated[str, typer.Option("--scheme", help="Watermark scheme: kgw, unigram, exp, dip.")]
+ConfigFile = Annotated[Optional[Path], typer.Option("--config", help="JSON object overriding scheme config fields.")]
+OutFile = Annotated[Path, typer.Option("--output", "-o", help="Output JSONL file.")]
+Field = Annotated[str, typer.Option("--field", help="JSONL field holding the text.")]
+BatchSize = Annotated[int, typer.Option("--batch-size", min=1, help="Sequences per generate call.")]
+
+
+def _check_out(out: Path, overwrite: bool, inputs: tuple = ()) -> None:
+    if out.exists() and not overwrite:
+        raise UsageError(f"{out}: exists (use --overwrite)")
+    for src in inputs:
+        if Path(src).exists() and out.resolve() == Path(src).resolve():
+            raise UsageError(f"{out}: output would overwrite its input")
+
+
+def _texts(rows: list[dict], path: Path, field: str) -> list[str]:
+    out = []
+    for i, row in enumerate(rows, 1):
+        value = row.get(field)
+        if value is None:
+            raise UsageError(f"{path}: record {i}: missing field {field!r}")
+        if not isinstance(value, str):
+            raise UsageError(f"{path}: record {i}: field {field!r} must be a string")
+        if not value.strip():
+            raise UsageError(f"{path}: record {i}: field {field!r} is empty")
+        out.append(value)
+    return out
+
+
+def _ids(rows: list[dict]) -> list[str]:
+    return [str(r.get("id", i)) for i, r in enumerate(rows)]
+
+
+def _scheme(name: str, model: str, config: Optional[Path]):
+    from llmtool.core.checkpoint import read_config
+    from llmtool.core.models import resolve_model
+    from llmtool.evade.watermarks import make_scheme, read_config_file
+
+    from llmtool.evade.watermarks import SCHEMES
+
+    SCHEMES.get(name)  # unknown scheme -> error before any loading
+    cfg = read_config(resolve_model(model))
+    vocab = cfg.get("vocab_size") or (cfg.get("text_config") or {}).get("vocab_size")
+    if not vocab:
+        raise UsageError(f"{model}: config.json has no vocab_size")
+    return make_scheme(name, int(vocab), read_config_file(config), source=str(config or "--config"))
+
+
+def _decode_config(max_new_tokens, temperature, top_p, no_repeat, batch_size):
+    from llmtool.evade.generation import DecodeConfig
+
+    return DecodeConfig(max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p,
+                        no_repeat_ngram_size=no_repeat, batch_size=batch_size, seed=OPTIONS.seed)
+
+
+@app.command("watermark")
+def watermark(
+    model: ModelArg,
+    prompts: Annotated[Path, typer.Argument(help="JSONL with a 'prompt' field (and optional 'id').")],
+    output: OutFile,
+    scheme: Scheme = "kgw",
+    config: ConfigFile = None,
+    max_new_tokens: Annotated[int, typer.Option(min=1, help="New tokens per text.")] = 150,
+    temperature: Annotated[float, typer.Option(min=1e-3, help="Sampling temperature (KGW/Unigram).")] = 0.7,
+    top_p: Annotated[float, typer.Option(min=0.0, max=1.0, help="Nucleus mass (KGW/Unigram).")] = 0.9,
+    no_repeat_ngram: Annotated[int, typer.Option(min=0, help="no_repeat_ngram_size (0 = off).")] = 4,
+    batch_size: BatchSize = 16,
+    unwatermarked: Annotated[bool, typer.Option("--unwatermarked", help="Generate without the watermark "
+                                                "(negatives from the same model).")] = False,
+    overwrite: Overwrite = False,
+) -> None:
+    """Generate watermarked continuations of PROMPTS with MODEL (the prompt is not part of the text)."""
+    from llmtool.core.data import read_jsonl, write_jsonl
+    from llmtool.core.models import load_model, load_tokenizer, set_seed
+    from llmtool.evade.generation import generate_ids, scheme_decoding
+
+    _check_out(output, overwrite, (prompts,))
+    wm = _scheme(scheme, model, config)
+    rows = read_jsonl(prompts, required=("prompt",))
+    texts = _texts(rows, prompts, "prompt")
+    tok, m = load_tokenizer(model), load_model(model)
+    set_seed()
+    dec = _decode_config(max_new_tokens, temperature, top_p, no_repeat_ngram, batch_size)
+    if wm.score_kind == "p" or getattr(wm, "owns_sampling", False):
+        dec.temperature = wm.config.temperature
+    pids = [tok(t, add_special_tokens=False)["input_ids"] for t in texts]
+    info(f"generating {len(pids)} texts with {'no watermark' if unwatermarked else scheme}")
+    outs = generate_ids(m, tok, pids, [] if unwatermarked else [wm.processor()], dec,
+                        **({} if unwatermarked else scheme_decoding(wm)))
+    field = "text" if unwatermarked else "watermarked_text"
+    out_rows = [{"id": i, "prompt": p, field: tok.decode(o, skip_special_tokens=True), "scheme":
+                 None if unwatermarked else scheme, "gen_model": str(model), "config_sha": wm.config_sha(),
+                 "n_tokens": len(o)} for i, p, o in zip(_ids(rows), texts, outs)]
+    write_jsonl(output, out_rows)
+    emit({"output": str(output), "texts": len(out_rows), "scheme": scheme, "watermarked": not unwatermarked,
+          "mean_tokens": sum(len(o) for o in outs) / len(outs)})
+
+
+@app.command("detect")
+def detect(
+    texts: Annotated[Path, typer.Argument(help="JSONL of texts to score.")],
+    model: Annotated[str, typer.Option("--model", help="Generator (its tokenizer and vocab_size).")] = "smollm2-135m",
+    scheme: Scheme = "kgw",
+    config: ConfigFile = None,
+    field: Field = "watermarked_text",
+    output: Annotated[Optional[Path], typer.Option("--output", "-o", help="Per-text detections (JSONL).")] = None,
+    overwrite: Overwrite = False,
+) -> None:
+    """Score TEXTS with the scheme's detector (z-score, or p-value for EXP)."""
+    from llmtool.core.data import read_jsonl, write_jsonl
+    from llmtool.core.models import load_tokenizer
+
+    if output is not None:
+        _check_out(output, overwrite, (texts,))
+    wm = _scheme(scheme, model, config)
+    rows = read_jsonl(texts)
+    values = _texts(rows, texts, field)
+    tok = load_tokenizer(model)
+    results = []
+    for rid, text in zip(_ids(rows), values):
+        ids = tok(text, add_special_tokens=False)["input_ids"]
+        if ids and max(ids) >= wm.vocab_size:
+            raise UsageError(f"{texts}: tokenizer of {model} yields ids beyond vocab_size {wm.vocab_size}")
+        d = wm.detect(ids)
+        results.append({"id": rid, **d.as_dict(), "scheme": scheme})
+    if output is not None:
+        write_jsonl(output, results)
+    rate = sum(r["is_watermarked"] for r in results) / len(results)
+    summary = {"texts": len(results), "scheme": scheme, "detect_rate": rate, "score_kind": wm.score_kind,
+               "mean_score": sum(r["score"] for r in results) / len(results)}
+    emit({**summary, "detections": results} if output is None else summary,
+         rows=[{k: r[k] for k in ("id", "score", "is_watermarked", "n_scored")} for r in results]
+         if output is None else None)
+
+
+@app.command("attack")
+def attack(
+    inputs: Annotated[Path, typer.Argument(help="JSONL of watermarked texts.")],
+    output: OutFile,
+    method: Annotated[str, typer.Option("--method", help="bira, vanilla (= paraphrase), word-delete, synonym, emoji.")]
+    = "bira",
+    paraphraser: Annotated[str, typer.Option("--paraphraser", help="Rewriter LM (dir or alias).")] = "smollm2-135m",
+    aux_model: Annotated[Optional[str], typer.Option("--aux-model", help="Surprisal LM for the suppression set "
+                                                     "(default: the paraphraser).")] = None,
+    field: Field = "watermarked_text",
+    beta0: Annotated[float, typer.Option("--beta0", max=0.0, help="Initial logit bias (<= 0).")] = -4.0,
+    beta_step: Annotated[float, typer.Option("--beta-step", min=0.0, help="Relaxation step eta.")] = 1.0,
+    max_iter: Annotated[int, typer.Option("--max-iter", min=0, help="Attempts (0 = ceil(|beta0|/eta)+1).")] = 0,
+    percentile: Annotated[float, typer.Option("--percentile", min=0.0, max=100.0,
+                                              help="Surprisal percentile q of the suppression set.")] = 0.0,
+    delete_ratio: Annotated[float, typer.Option(min=0.0, max=1.0, help="word-delete: deletion ratio.")] = 0.3,
+    synonym_ratio: Annotated[float, typer.Option(min=0.0, max=1.0, help="synonym: substitution ratio.")] = 0.5,
+    scheme: Annotated[Optional[str], typer.Option("--scheme", help="emoji: the scheme to generate with.")] = None,
+    generator: Annotated[str, typer.Option("--generator", help="emoji: watermarked generator.")] = "smollm2-135m",
+    config: ConfigFile = None,
+    max_new_tokens: Annotated[int, typer.Option(min=1, help="emoji: new tokens per text.")] = 150,
+    temperature: Annotated[float, typer.Option(min=1e-3, help="Sampling temperature.")] = 0.7,
+    top_p: Annotated[float, typer.Option(min=0.0, max=1.0, help="Nucleus mass.")] = 0.9,
+    batch_size: BatchSize = 16,
+    overwrite: Overwrite = False,
+) -> None:
+    """Rewrite watermarked texts to evade detection (writes attacked_text and attack fields)."""
+    from llmtool.core.data import read_jsonl, write_jsonl
+    from llmtool.core.models import load_model, load_tokenizer, set_seed
+    from llmtool.evade.attacks import ATTACKS, AttackContext
+    from llmtool.evade.bira import BiraConfig
+    from llmtool.evade.paraphrase import PROMPT_VERSION, Paraphraser
+
+    fn = ATTACKS.get(method)
+    _check_out(output, overwrite, (inputs,))
+    if method == "bira" and beta_step == 0 and max_iter != 1:
+        raise UsageError("--beta-step 0 never relaxes the bias; give --max-iter 1 or a positive step")
+    rows = read_jsonl(inputs)
+    ctx = AttackContext(bira=BiraConfig(beta0, beta_step, max_iter, percentile), delete_ratio=delete_ratio,
+                        synonym_ratio=synonym_ratio, seed=OPTIONS.seed)
+    set_seed()
+    if method == "emoji":
+        if scheme is None:
+            raise UsageError("--method emoji regenerates with the watermark: give --scheme")
+        ctx.scheme = _scheme(scheme, generator, config)
+        ctx.prompts = _texts(rows, inputs, "prompt")
+        ctx.generator, ctx.generator_tokenizer = load_model(generator), load_tokenizer(generator)
+        ctx.decode = _decode_config(max_new_tokens, temperature, top_p, 0, batch_size)
+        texts = ctx.prompts
+    else:
+        texts = _texts(rows, inputs, field)
+        if method not in ("word-delete",):
+            dec = _decode_config(max_new_tokens, temperature, top_p, 0, batch_size)
+            ctx.paraphraser = Paraphraser(load_model(paraphraser), load_tokenizer(paraphraser), dec)
+            if aux_model and method == "bira":
+                ctx.aux_model, ctx.aux_tokenizer = load_model(aux_model), load_tokenizer(aux_model)
+    info(f"attacking {len(texts)} texts with {method}")
+    results = fn(texts, ctx)
+    out_rows = [{**row, **res, "attack": method, "prompt_version": PROMPT_VERSION if method in
+                 ("bira", "vanilla", "paraphrase") else None} for row, res in zip(rows, results)]
+    write_jsonl(output, out_rows)
+    summary = {"output": str(output), "method": method, "texts": len(out_rows)}
+    if results and "degenerated" in results[0]:
+        summary["degenerate_rate"] = sum(r["degenerated"] for r in results) / len(results)
+        summary["mean_attempts"] = sum(r["iterations"] for r in results) / len(results)
+    emit(summary)
+
+
+@app.command("metrics")
+def metrics(
+    positives: Annotated[Path, typer.Argument(help="Detections of (attacked) watermarked texts (detect -o).")],
+    negatives: Annotated[Path, typer.Argument(help="Detections of human / unwatermarked texts.")],
+    fpr: Annotated[Optional[List[float]], typer.Option("--fpr", help="FPR levels for TPR (repeatable).")] = None,
+) -> None:
+    """ASR, TPR at fixed FPR (thresholds from NEGATIVES), best F1 and AUROC."""
+    from llmtool.core.data import read_jsonl
+    from llmtool.evade.metrics import detection_metrics
+
+    need = ("score", "is_watermarked", "score_kind")
+    pos, neg = read_jsonl(positives, required=need), read_jsonl(negatives, required=need)
+    kinds = {r["score_kind"] for r in pos + neg}
+    if len(kinds) != 1 or not kinds <= {"z", "p"}:
+        raise UsageError(f"{positives}, {negatives}: score_kind must be one of z/p and the same in both files")
+    levels = tuple(fpr or (0.01, 0.1))
+    if any(not 0 < f < 1 for f in levels):
+        raise UsageError("--fpr values must be in (0, 1)")
+    out = detection_metrics([r["score"] for r in pos], [r["score"] for r in neg],
+                            [r["is_watermarked"] for r in pos], kinds.pop(), levels)
+    emit(out)
+
+
+@app.command("quality")
+def quality(
+    attacked: Annotated[Path, typer.Argument(help="JSONL with the source and the rewritten text.")],
+    src_field: Annotated[str, typer.Option("--src-field")] = "watermarked_text",
+    hyp_field: Annotated[str, typer.Option("--hyp-field")] = "attacked_text",
+    ppl_model: Annotated[str, typer.Option("--ppl-model", help="Oracle LM for perplexity.")] = "smollm2-135m",
+) -> None:
+    """Semantic similarity (all-MiniLM-L6-v2 cosine) of rewrite to source, and perplexity of both."""
+    import statistics
+
+    from llmtool.core.data import read_jsonl
+    from llmtool.core.models import load_model, load_tokenizer
+    from llmtool.evade.metrics import perplexity_of
+    from llmtool.evade.similarity import SentenceEmbedder
+
+    rows = read_jsonl(attacked)
+    src, hyp = _texts(rows, attacked, src_field), _texts(rows, attacked, hyp_field)
+    sims = SentenceEmbedder().similarity(src, hyp)
+    m, tok = load_model(ppl_model), load_tokenizer(ppl_model)
+    p_src, p_hyp = perplexity_of(m, tok, src), perplexity_of(m, tok, hyp)
+    emit({"texts": len(rows), "similarity_mean": statistics.fmean(sims), "ppl_src_median": statistics.median(p_src),
+          "ppl_hyp_median": statistics.median(p_hyp)})
