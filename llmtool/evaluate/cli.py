@@ -29,3 +29,4 @@ def ppl(
     r = perplexity(m, ids, seqlen=seqlen, stride=stride or seqlen, max_tokens=max_tokens, batch_size=batch_size)
     emit({"model": str(model), "data": data, "ppl": r.ppl, "nll": r.nll, "tokens": r.tokens,
           "windows": r.windows, "seqlen": r.seqlen, "stride": r.stride, "dtype": OPTIONS.dtype})
+from llmtool.evaluate import stats_cli  # noqa: E402,F401

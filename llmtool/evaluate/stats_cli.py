@@ -1,0 +1,372 @@
+"""`llmtool evaluate sysr|bai-sim|judge|judge-synth|autograder ...`: statistics over per-item result files.
+
+Registers its commands on the `evaluate` app (see llmtool/evaluate/cli.py). Heavy imports stay inside the
+command functions.
+"""
+from __future__ import annotations
+
+import csv
+import json
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+from llmtool.core.console import OPTIONS, UsageError, emit, info, progress
+from llmtool.evaluate.cli import app
+
+Responses = typer.Option(None, "--responses", help="Per-item results: one wide/long .csv/.parquet, or one "
+                         "lm-eval samples .jsonl per model (NAME=path). Repeatable.")
+
+
+def _seed(seed: Optional[int]) -> int:
+    return OPTIONS.seed if seed is None else seed
+
+
+def _matrix(responses: list[str], metric: Optional[str]):
+    from llmtool.evaluate.results_io import complete_items, load_matrix
+
+    mat = load_matrix(responses, metric)
+    mat, dropped = complete_items(mat)
+    if dropped:
+        info(f"dropped {dropped} item(s) without a score for every model; {len(mat.item_ids)} remain")
+    return mat
+
+
+def _write_json(path: Path, doc) -> None:
+    from llmtool.core.checkpoint import atomic_file
+
+    with atomic_file(Path(path)) as tmp:
+        tmp.write_text(json.dumps(doc, indent=2, default=float))
+
+
+# ----------------------------------------------------------------------------------------------- sysr
+
+@app.command("sysr")
+def sysr_cmd(
+    responses: Optional[list[str]] = Responses,
+    metric: Optional[str] = typer.Option(None, help="lm-eval samples: metric field (default: acc, exact_match, ...)."),
+    budget: Optional[int] = typer.Option(None, min=1, help="Number of (model, query) evaluations allowed."),
+    budget_frac: Optional[float] = typer.Option(None, help="Budget as a fraction of K*N (instead of --budget)."),
+    models: Optional[Path] = typer.Option(None, "--models", help="Live mode: models.yaml (name, path, max_new_tokens)."),
+    queries: Optional[Path] = typer.Option(None, "--queries", help="Live mode: bench.jsonl with id, prompt, reference."),
+    scorer: str = typer.Option("exact_match", help="Live mode scorer: exact_match or contains."),
+    cache: Optional[Path] = typer.Option(None, help="Live mode cache (default: OUT with suffix .cache.parquet)."),
+    seed: Optional[int] = typer.Option(None, help="Query-order seed (default: global --seed)."),
+    out: Optional[Path] = typer.Option(None, "-o", "--out", help="Write sysr_run.json here."),
+    overwrite: bool = typer.Option(False, "--overwrite", help="Replace OUT if it exists."),
+) -> None:
+    """Identify the best model with SySRs (replay over a score matrix, or live with a lazy scorer)."""
+    import numpy as np
+
+    from llmtool.evaluate import sysr as S
+
+    if out is not None and out.exists() and not overwrite:
+        raise UsageError(f"{out}: already exists (pass --overwrite to replace it)")
+    seed = _seed(seed)
+    live = models is not None or queries is not None
+    if live and responses:
+        raise UsageError("give either --responses (replay) or --models/--queries (live), not both")
+    if live:
+        if models is None or queries is None:
+            raise UsageError("live mode needs both --models and --queries")
+        from llmtool.evaluate.sysr_live import live_scorer
+
+        names, item_ids, score_fn = live_scorer(models, queries, scorer)
+        k, n = len(names), len(item_ids)
+    else:
+        if not responses:
+            raise UsageError("give --responses FILE (replay) or --models and --queries (live)")
+        mat = _matrix(responses, metric)
+        names, item_ids = mat.models, mat.item_ids
+        k, n = mat.shape
+    if (budget is None) == (budget_frac is None):
+        raise UsageError("give exactly one of --budget or --budget-frac")
+    if budget_frac is not None:
+        if not 0 < budget_frac <= 1:
+            raise UsageError(f"--budget-frac must be in (0, 1], got {budget_frac}")
+        budget = max(k, round(budget_frac * k * n))
+    if budget < k:
+        raise UsageError(f"--budget {budget} is smaller than the number of models {k}")
+    rng = np.random.default_rng(seed)
+    if live:
+        cache = cache or (out.with_suffix(".cache.parquet") if out else Path("sysr_cache.parquet"))
+        oracle = S.LiveOracle(names, item_ids, score_fn, cache)
+    else:
+        oracle = S.MatrixOracle(mat.scores, rng, mat.samples)
+    result = S.sysr(oracle, budget, rng, names)
+    doc = S.run_record(result, names, item_ids, budget, seed)
+    if live:
+        doc["scorer_calls"] = oracle.calls
+        doc["cache"] = str(cache)
+    else:
+        doc["matrix"] = mat.summary()
+    if out is not None:
+        _write_json(out, doc)
+    rows = [{"phase": p["k"], "alive": len(p["alive"]), "n_k": p["n_k"], "queries": p["cumulative_queries"],
+             "eliminated": p["eliminated"] or "", "tie_broken": p["tie_broken"]} for p in doc["phases"]]
+    emit(doc, rows=rows, title=f"SySRs: best = {doc['best']} ({doc['evaluations_used']}/{budget} evaluations)")
+
+
+# ----------------------------------------------------------------------------------------------- bai-sim
+
+@app.command("bai-sim")
+def bai_sim_cmd(
+    responses: Optional[list[str]] = Responses,
+    metric: Optional[str] = typer.Option(None, help="lm-eval samples: metric field."),
+    synthetic: Optional[str] = typer.Option(None, help="Use a generated matrix instead: 'irt'."),
+    k: int = typer.Option(10, min=2, help="Synthetic: number of models."),
+    n: int = typer.Option(2000, min=2, help="Synthetic: number of items."),
+    gap: float = typer.Option(0.05, help="Synthetic: top-two accuracy gap."),
+    spread: float = typer.Option(3.0, help="Synthetic: sd of item difficulties (similarity)."),
+    gen_seed: int = typer.Option(0, help="Synthetic: generator seed."),
+    methods: str = typer.Option("sysr,sr,sh,sh-shared,uniform,uniform-shared,ucbe,ucbe-lrf",
+                                help="Comma list; 'ucbe@0.1' sets UCB-E's exploration constant."),
+    budget_fracs: str = typer.Option("0.01,0.02,0.05,0.1,0.2,0.4", help="Comma list of budget fractions."),
+    reps: int = typer.Option(500, min=1, help="Replays per (method, budget)."),
+    lrf_reps: int = typer.Option(100, min=1, help="Replays for ucbe-lrf (slow)."),
+    delta: float = typer.Option(0.05, help="Target error for the budget-needed summary."),
+    seed: Optional[int] = typer.Option(None, help="Replay seed (default: global --seed)."),
+    out: Path = typer.Option(..., "-o", "--out", help="bai_results.csv (bai_summary.json is written beside it)."),
+    overwrite: bool = typer.Option(False, "--overwrite"),
+) -> None:
+    """Error rate (Wilson 95% CI) vs budget of SySRs and its baselines over many replays."""
+    from dataclasses import asdict
+
+    from llmtool.evaluate import bai_sim as B
+    from llmtool.evaluate.bai import BAI_METHODS
+
+    if out.exists() and not overwrite:
+        raise UsageError(f"{out}: already exists (pass --overwrite to replace it)")
+    method_list = [m.strip() for m in methods.split(",") if m.strip()]
+    for m in method_list:
+        BAI_METHODS.get(m.partition("@")[0])
+    try:
+        fracs = [float(x) for x in budget_fracs.split(",") if x.strip()]
+    except ValueError:
+        raise UsageError(f"--budget-fracs: not a comma list of numbers: {budget_fracs!r}") from None
+    if not fracs or any(not 0 < f <= 1 for f in fracs):
+        raise UsageError("--budget-fracs must be numbers in (0, 1]")
+    if synthetic is not None:
+        if synthetic != "irt":
+            raise UsageError(f"--synthetic: unknown generator {synthetic!r} (choose: irt)")
+        if responses:
+            raise UsageError("give either --responses or --synthetic, not both")
+        mat = B.synthetic_irt(k, n, gap, spread, gen_seed)
+    elif responses:
+        mat = _matrix(responses, metric)
+    else:
+        raise UsageError("give --responses FILE or --synthetic irt")
+    rows = B.simulate(mat, method_list, fracs, reps, _seed(seed), benchmark=Path(mat.source).stem
+                      if synthetic is None else mat.source, reps_per_method={"ucbe-lrf": lrf_reps}, progress=progress)
+    from llmtool.core.checkpoint import atomic_file
+
+    fields = ["method", "budget_frac", "budget", "rep_count", "error_rate", "error_ci_low", "error_ci_high",
+              "mean_regret", "benchmark"]
+    with atomic_file(out) as tmp, open(tmp, "w", newline="") as fh:
+        w = csv.DictWriter(fh, fieldnames=fields, extrasaction="ignore")
+        w.writeheader()
+        w.writerows(asdict(r) for r in rows)
+    summary = B.summarise(rows, delta)
+    summary["matrix"] = mat.summary()
+    _write_json(out.with_name("bai_summary.json"), summary)
+    table = [{k_: v for k_, v in asdict(r).items() if k_ in fields[:8]} for r in rows]
+    emit({"results": table, "summary": summary}, rows=table, title=f"bai-sim on {mat.source}")
+
+
+# ----------------------------------------------------------------------------------------------- judge
+
+@app.command("judge")
+def judge_cmd(
+    votes: Path = typer.Option(..., "--votes", help="votes.jsonl: id, sample, order, rating (null = parse failure)."),
+    human: Optional[Path] = typer.Option(None, "--human", help="human.jsonl: id, rating (several raters allowed)."),
+    calib: Optional[Path] = typer.Option(None, "--calib", help="Calibration labels (human format); default: random "
+                                         "--calib-frac of the --human items."),
+    calib_frac: float = typer.Option(0.2, help="Calibration share of the labelled items when --calib is absent."),
+    method: str = typer.Option("btd,majority,soft-sc,soft-sc-cal,single", help="Comma list of aggregators."),
+    nu_mode: str = typer.Option("item", help="BTD tie model: item (per-item nu) or shared."),
+    frame: str = typer.Option("canonical", help="canonical (rating > 0 = A better) or presented (mirror BA votes)."),
+    load_calib: Optional[Path] = typer.Option(None, "--load-calib", help="Reuse a calib.json instead of fitting."),
+    seed: Optional[int] = typer.Option(None, help="Seed of the calibration split."),
+    out: Path = typer.Option(..., "-o", "--out", help="agg.jsonl (calib.json and judge_report.json beside it)."),
+    overwrite: bool = typer.Option(False, "--overwrite"),
+) -> None:
+    """Aggregate n judge ratings per item (BTD with calibration, and baselines); MAE/pairwise accuracy."""
+    from llmtool.core.data import read_jsonl, write_jsonl
+    from llmtool.evaluate import judge_btd as J
+
+    if out.exists() and not overwrite:
+        raise UsageError(f"{out}: already exists (pass --overwrite to replace it)")
+    if not 0 < calib_frac < 1:
+        raise UsageError(f"--calib-frac must be in (0, 1), got {calib_frac}")
+    methods = [m.strip() for m in method.split(",") if m.strip()]
+    counts = J.counts_from_votes(read_jsonl(votes), frame, str(votes))
+    labels = J.human_consensus(read_jsonl(human), str(human)) if human else None
+    calib_ids = None
+    if calib:
+        calib_labels = J.human_consensus(read_jsonl(calib), str(calib))
+        labels = {**(labels or {}), **calib_labels}
+        calib_ids = list(calib_labels)
+    fit = cal = None
+    if load_calib:
+        if not load_calib.is_file():
+            raise UsageError(f"{load_calib}: no such file")
+        try:
+            doc = json.loads(load_calib.read_text())
+        except json.JSONDecodeError as e:
+            raise UsageError(f"{load_calib}: malformed JSON ({e.msg})") from None
+        fit, cal = J.load_calib_document(doc, str(load_calib))
+    run = J.run_judge(counts, labels, calib_ids, calib_frac, nu_mode, methods, seed=_seed(seed), fit=fit,
+                      calibration=cal)
+    records = [rec for m in methods for rec in J.agg_records(counts, run.aggregates[m])]
+    write_jsonl(out, records)
+    _write_json(out.with_name("calib.json"), J.calib_document(run))
+    report = {"items": len(counts.ids), "calib_items": int(len(run.calib_idx)), "test_items": int(len(run.test_idx)),
+              "metrics": run.metrics, **J.fit_summary(run)}
+    if not run.calibration.calibrated:
+        report["note"] = "no human labels: BTD uses beta = 1, c = log nu0, gamma = 0 (uncalibrated)"
+    _write_json(out.with_name("judge_report.json"), report)
+    emit(report, rows=run.metrics or None, title="judge aggregation (test split)")
+
+
+@app.command("judge-synth")
+def judge_synth_cmd(
+    out_dir: Path = typer.Argument(..., metavar="OUT", help="Folder for votes.jsonl, human.jsonl, truth.jsonl."),
+    items: int = typer.Option(500, min=10),
+    n_votes: int = typer.Option(20, "--n", min=1, help="Votes per item."),
+    tau: float = typer.Option(1.5),
+    omega: float = typer.Option(0.5, help="sd of log nu_i (0 = shared nu)."),
+    nu_h: float = typer.Option(2.0, help="Human tie parameter."),
+    swap: bool = typer.Option(True, help="Write half of the votes in BA order (presented frame)."),
+    seed: Optional[int] = typer.Option(None),
+    overwrite: bool = typer.Option(False, "--overwrite"),
+) -> None:
+    """Synthetic judge votes and human labels with planted Davidson parameters (for tests and demos)."""
+    import numpy as np
+
+    from llmtool.core.checkpoint import atomic_output
+    from llmtool.evaluate import judge_btd as J
+
+    seed = _seed(seed)
+    counts, theta, log_nu = J.synthetic_counts(items, tau, 0.0, omega, n_votes, seed, shared=omega == 0)
+    h = J.synthetic_human(theta, nu_h, seed + 1)
+    rng = np.random.default_rng(seed + 2)
+    with atomic_output(out_dir, overwrite) as tmp:
+        with open(tmp / "votes.jsonl", "w") as fh:
+            for i, iid in enumerate(counts.ids):
+                ratings = [1] * int(counts.a[i]) + [0] * int(counts.t[i]) + [-1] * int(counts.b[i])
+                rng.shuffle(ratings)
+                for s, r in enumerate(ratings):
+                    order = "BA" if swap and s % 2 else "AB"
+                    fh.write(json.dumps({"id": iid, "sample": s, "order": order,
+                                         "rating": -r if order == "BA" else r}) + "\n")
+        with open(tmp / "human.jsonl", "w") as fh:
+            for iid, x in zip(counts.ids, h):
+                fh.write(json.dumps({"id": iid, "rating": int(x)}) + "\n")
+        with open(tmp / "truth.jsonl", "w") as fh:
+            for iid, t, ln in zip(counts.ids, theta, log_nu):
+                fh.write(json.dumps({"id": iid, "theta": float(t), "log_nu": float(ln)}) + "\n")
+    emit({"out": str(out_dir), "items": items, "n": n_votes, "frame": "presented" if swap else "canonical"})
+
+
+# ----------------------------------------------------------------------------------------------- autograder
+
+autograder_app = typer.Typer(no_args_is_help=True, help="Bayesian GLMs of autograder bias (NumPyro NUTS).")
+app.add_typer(autograder_app, name="autograder")
+
+
+def _csv_list(text: str) -> list[str]:
+    return [x.strip() for x in text.split(",") if x.strip()]
+
+
+@autograder_app.command("fit")
+def autograder_fit_cmd(
+    data: Path = typer.Option(..., "--data", help="Long CSV/parquet, one row per grade."),
+    outcome: str = typer.Option("score", help="Outcome column."),
+    kind: str = typer.Option("ordinal", help="ordinal | pairwise | binomial."),
+    levels: Optional[str] = typer.Option(None, help="Ordinal scale MIN:MAX (default: data range)."),
+    effects: str = typer.Option("", help="Comma list of categorical main effects, e.g. grader,LLM."),
+    interactions: str = typer.Option("", help="Comma list FACTOR:FACTOR, e.g. grader:LLM (self-preference)."),
+    slopes: str = typer.Option("", help="Comma list COLUMN or COLUMN:FACTOR (slope per level, partially pooled)."),
+    standardise: str = typer.Option("", help="Columns to standardise (mean 0, sd 1)."),
+    random: str = typer.Option("", help="Random intercepts, e.g. item."),
+    hierarchical: Optional[str] = typer.Option(None, help="GRADER:TYPE grader-type hierarchy."),
+    group_map: str = typer.Option("", help="Grader -> type when TYPE is not a column: 'Human=human,*=model'."),
+    pair_param: str = typer.Option("pair", help="Pairwise: pair (effects given) or bt (LLM_1/LLM_2 strengths)."),
+    coding: str = typer.Option("effect", help="effect (sum-to-zero) or dummy."),
+    trials: Optional[str] = typer.Option(None, help="Binomial: column with the number of attempts."),
+    chains: int = typer.Option(4, min=1), samples: int = typer.Option(2000, min=1),
+    warmup: int = typer.Option(1000, min=1), target_accept: float = typer.Option(0.95),
+    max_tree_depth: int = typer.Option(10, min=1),
+    agreement_units: str = typer.Option("", help="Also compute Krippendorff alpha with these unit columns, e.g. item,LLM."),
+    counterfactual: str = typer.Option("", help="Bias terms to zero for counterfactual alpha, e.g. grader_effects."),
+    seed: Optional[int] = typer.Option(None),
+    tag: str = typer.Option(""),
+    out: Path = typer.Option(..., "-o", "--out", help="Output directory."),
+    overwrite: bool = typer.Option(False, "--overwrite"),
+) -> None:
+    """Fit a Bayesian GLM of grades; write draws, summary (R-hat, ESS), diagnostics, LOO/WAIC."""
+    from llmtool.core.checkpoint import atomic_output, check_output, write_provenance
+    from llmtool.core.data import read_table
+    from llmtool.evaluate import autograder_glm as G
+
+    check_output(out, overwrite, inputs=(data,))
+    lv = None
+    if levels:
+        try:
+            lo, hi = (int(x) for x in levels.split(":"))
+        except ValueError:
+            raise UsageError(f"--levels: expected MIN:MAX integers, got {levels!r}") from None
+        lv = (lo, hi)
+    cfg = G.GlmConfig(outcome=outcome, kind=kind, levels=lv, effects=_csv_list(effects),
+                      interactions=_csv_list(interactions), slopes=_csv_list(slopes),
+                      standardise=_csv_list(standardise), random=_csv_list(random), hierarchical=hierarchical,
+                      group_map=G.parse_group_map(group_map), pair_param=pair_param, coding=coding, trials=trials,
+                      chains=chains, samples=samples, warmup=warmup, target_accept=target_accept,
+                      max_tree_depth=max_tree_depth, seed=_seed(seed), tag=tag)
+    G.validate_config(cfg)
+    rows = read_table(data)
+    info(f"NUTS: {chains} chains x ({warmup} warm-up + {samples} draws) on {len(rows)} rows")
+    fitted = G.fit(rows, cfg, str(data))
+    ic = G.information_criteria(fitted)
+    agreement = None
+    if agreement_units:
+        agreement = G.agreement(fitted, rows, _csv_list(agreement_units), counterfactual=_csv_list(counterfactual),
+                                seed=cfg.seed)
+    with atomic_output(out, overwrite) as tmp:
+        G.write_fit(fitted, tmp, dict(ic))
+        if agreement is not None:
+            (tmp / "agreement.json").write_text(json.dumps(agreement, indent=2))
+        write_provenance(tmp, "evaluate autograder fit", kind, {k: str(v) for k, v in vars(cfg).items()},
+                         metrics={"diagnostics": fitted.diagnostics, "loo": ic["loo"], "waic": ic["waic"]})
+    bias = [r for r in G.bias_table(fitted) if r["parameter"] not in ("cutpoints", "cut_first")]
+    emit({"out": str(out), "diagnostics": fitted.diagnostics, "loo": ic["loo"], "waic": ic["waic"],
+          "effects": bias, "agreement": agreement},
+         rows=[{k: v for k, v in r.items() if k != "sd"} for r in bias],
+         title=f"posterior (94% HDI); max r_hat {fitted.diagnostics['max_r_hat']:.3f}, min ESS "
+               f"{fitted.diagnostics['min_ess']:.0f}, divergences {fitted.diagnostics['divergences']}")
+
+
+@autograder_app.command("compare")
+def autograder_compare_cmd(
+    fits: list[Path] = typer.Argument(..., help="Two or more fit directories."),
+    criterion: str = typer.Option("loo", help="loo or waic."),
+) -> None:
+    """Compare fitted models by PSIS-LOO or WAIC (elpd difference and its SE)."""
+    import warnings
+
+    import arviz as az
+
+    from llmtool.evaluate import autograder_glm as G
+
+    if len(fits) < 2:
+        raise UsageError("compare needs at least two fit directories")
+    if criterion not in ("loo", "waic"):
+        raise UsageError(f"--criterion must be loo or waic, got {criterion!r}")
+    idatas = {str(p): G.load_fit_dir(p) for p in fits}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        table = az.compare(idatas, ic=criterion)
+    rows = [{"model": name, "rank": int(r["rank"]), "elpd": float(r[f"elpd_{criterion}"]), "se": float(r["se"]),
+             "elpd_diff": float(r["elpd_diff"]), "dse": float(r["dse"])} for name, r in table.iterrows()]
+    emit({"criterion": criterion, "models": rows}, rows=rows, title=f"model comparison ({criterion})")
