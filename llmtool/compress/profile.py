@@ -12,7 +12,7 @@ the generator yields each layer's statistics before moving on, so the caller can
 
 :func:`loss_gradients` does one forward/backward pass of the whole model per gradient sequence
 (mean next-token cross-entropy) and returns ``dL/dW`` of every target weight, averaged over
-sequences, as float32 on CPU.
+sequences, on CPU (float32; float64 when the model is float64).
 """
 from __future__ import annotations
 
@@ -156,7 +156,8 @@ def loss_gradients(model, names: list[str], ids: torch.Tensor, average: bool = T
             with torch.enable_grad():
                 loss = model(input_ids=x, labels=x, use_cache=False).loss
                 grads = torch.autograd.grad(loss, weights)
-            g = {n: gr.detach().float().cpu() for n, gr in zip(names, grads)}
+            g = {n: (gr.detach() if gr.dtype == torch.float64 else gr.detach().float()).cpu()
+                 for n, gr in zip(names, grads)}
             if average:
                 for n, gr in g.items():
                     total[n] = total[n] + gr if n in total else gr

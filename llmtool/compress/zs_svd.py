@@ -75,7 +75,8 @@ class Selection:
     predicted_factorised: float               # sum of dL over components dropped from factorised modules
     predicted_restored: float                 # sum of dL "dropped" from restored modules
     steps: int
-    trace: list[tuple[str, int, float, float]] = field(default_factory=list)  # (module, index, dL, s)
+    # with record=True: (module, component index, dL, s after the step, both heaps non-empty at the pick)
+    trace: list[tuple[str, int, float, float, bool]] = field(default_factory=list)
 
 
 def saved_by_drop(spec: ModuleSpec, new_rank: int) -> int:
@@ -125,6 +126,7 @@ def select_components(specs: list[ModuleSpec], sigmas: list[torch.Tensor],
     dropped_sum = [0.0] * len(specs)
     trace = []
     while removed < target and (pos or neg):
+        both = bool(pos) and bool(neg)
         heap = pos if (s <= 0 or rule != "zero-sum") else neg
         if not heap:
             heap = neg if heap is pos else pos
@@ -138,7 +140,7 @@ def select_components(specs: list[ModuleSpec], sigmas: list[torch.Tensor],
         removed += saved_by_drop(specs[i], rank[i])
         steps += 1
         if record:
-            trace.append((specs[i].name, idx, d, s))
+            trace.append((specs[i].name, idx, d, s, both))
         offer(i)
     planned = {sp.name: rank[i] for i, sp in enumerate(specs)}
     factorised = {sp.name: rank[i] for i, sp in enumerate(specs) if rank[i] <= sp.break_even}
