@@ -61,7 +61,8 @@ def wilson(errors: int, total: int, z: float = 1.959963984540054) -> tuple[float
     denom = 1 + z * z / total
     centre = (p + z * z / (2 * total)) / denom
     half = z * math.sqrt(p * (1 - p) / total + z * z / (4 * total * total)) / denom
-    return max(0.0, centre - half), min(1.0, centre + half)
+    lo, hi = max(0.0, centre - half), min(1.0, centre + half)
+    return (0.0 if errors == 0 else lo), (1.0 if errors == total else hi)
 
 
 def _stream(seed: int, method: str, frac_index: int, rep: int) -> np.random.Generator:
