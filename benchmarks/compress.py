@@ -6,7 +6,7 @@ austen-test (first --eval-tokens tokens, disjoint windows of 512). All methods s
 the calibration text (austen-train), the calibration sizes and the seed.
 
     python benchmarks/compress.py [--ratios 0.2 0.4 0.6] [--methods svd svd-llm zs-svd] [--out DIR]
-                                  [--calib-samples 16] [--calib-seqlen 256] [--eval-tokens 4096]
+                                  [--calib-samples 8] [--calib-seqlen 256] [--eval-tokens 2048]
 
 Writes DIR/compress.json and DIR/compress.md (default DIR: benchmarks/results).
 """
@@ -30,12 +30,12 @@ def main() -> None:
     p.add_argument("--ratios", type=float, nargs="+", default=[0.2, 0.4, 0.6])
     p.add_argument("--methods", nargs="+", default=["svd", "svd-llm", "zs-svd"])
     p.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results")
-    p.add_argument("--calib-samples", type=int, default=16)
+    p.add_argument("--calib-samples", type=int, default=8)
     p.add_argument("--calib-seqlen", type=int, default=256)
     p.add_argument("--grad-samples", type=int, default=1)
     p.add_argument("--grad-seqlen", type=int, default=256)
     p.add_argument("--eval-data", default="austen-test")
-    p.add_argument("--eval-tokens", type=int, default=4096)
+    p.add_argument("--eval-tokens", type=int, default=2048)
     p.add_argument("--seqlen", type=int, default=512)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--threads", type=int, default=2)
@@ -68,6 +68,7 @@ def main() -> None:
              "achieved_ratio": 0.0, "dense_modules": None}]
     del base
     print(rows[0], flush=True)
+    write(args, rows, markdown_table)
     env = {**os.environ, "OMP_NUM_THREADS": str(args.threads)}
     with tempfile.TemporaryDirectory(prefix="bench-compress-") as tmp:
         for ratio in args.ratios:
@@ -90,6 +91,12 @@ def main() -> None:
                        "predicted_dL": (rep["stages"][-1]["predicted_delta_loss_factorised"])}
                 rows.append(row)
                 print(row, flush=True)
+                write(args, rows, markdown_table)
+    print((args.out / "compress.md").read_text())
+
+
+def write(args, rows, markdown_table) -> None:
+    """(Re)write the JSON and markdown results after every run, so a partial run leaves its rows."""
     settings = {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items() if k != "out"}
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "compress.json").write_text(json.dumps({"settings": settings, "rows": rows}, indent=2))
@@ -101,7 +108,6 @@ def main() -> None:
             "compression time inside the run (excl. process start/model load), `peak_rss_MB` = peak RSS of "
             "the compression process.\n")
     (args.out / "compress.md").write_text(table + note)
-    print(table + note)
 
 
 if __name__ == "__main__":
