@@ -377,6 +377,11 @@ def _jax_setup() -> None:
 
     jax.config.update("jax_enable_x64", True)
     jax.config.update("jax_platform_name", "cpu")
+    # XLA compilation dominates small fits on CPU: keep compiled programs in a persistent cache
+    # (like triton's kernel cache), so repeated fits of the same model shape start at once.
+    cache = os.environ.get("LLMTOOL_JAX_CACHE", str(Path("~/.cache/llmtool-jax").expanduser()))
+    jax.config.update("jax_compilation_cache_dir", cache)
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.5)
 
 
 @dataclass
@@ -401,7 +406,7 @@ def fit(rows: Sequence[dict], cfg: GlmConfig, source: str = "data", progress: bo
     model = make_model(cfg, design)
     kernel = NUTS(model, target_accept_prob=cfg.target_accept, max_tree_depth=cfg.max_tree_depth)
     mcmc = MCMC(kernel, num_warmup=cfg.warmup, num_samples=cfg.samples, num_chains=cfg.chains,
-                chain_method="sequential", progress_bar=progress)
+                chain_method="vectorized", progress_bar=progress)
     key = jax.random.PRNGKey(cfg.seed)
     k_mcmc, k_prior, k_post = jax.random.split(key, 3)
     y = design.y
