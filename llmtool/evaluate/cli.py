@@ -30,3 +30,5 @@ def ppl(
     emit({"model": str(model), "data": data, "ppl": r.ppl, "nll": r.nll, "tokens": r.tokens,
           "windows": r.windows, "seqlen": r.seqlen, "stride": r.stride, "dtype": OPTIONS.dtype})
 from llmtool.evaluate import stats_cli  # noqa: E402,F401
+
+from llmtool.edit import evaluate_edits  # noqa: E402,F401

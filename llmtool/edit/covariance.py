@@ -1,0 +1,85 @@
+"""Key second-moment statistics ``C_l = E[k kᵀ]`` (uncentred, mean over token positions) of the
+``mlp.down_proj`` inputs of chosen layers, from real text, cached per model.
+
+Protocol: ``samples`` token positions taken as ``ceil(samples / seqlen)`` random windows of
+``seqlen`` tokens of the corpus (``llmtool.core.data.calibration_batches``, packaged
+``austen-train`` by default: the paper lineage uses Wikipedia, which is not available offline).
+Accumulated in float64 on CPU, stored in float32 (the spec's choice) under
+``$LLMTOOL_HOME/edit-stats/<model sha256[:16]>/`` as one safetensors file per (layer, corpus,
+samples, seqlen, seed), so statistics of one model are never reused for another.
+"""
+from __future__ import annotations
+
+import math
+import re
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file, save_file
+
+from llmtool.core.checkpoint import atomic_file
+from llmtool.core.console import info, progress
+from llmtool.core.data import calibration_batches
+from llmtool.edit.layerio import down_proj
+
+
+def stats_root() -> Path:
+    from llmtool.core.defaults import home
+
+    return home() / "edit-stats"
+
+
+def _file(root: Path, fingerprint: str, layer: int, corpus: str, samples: int, seqlen: int, seed: int) -> Path:
+    tag = re.sub(r"[^A-Za-z0-9_.-]", "_", Path(str(corpus)).name)
+    return root / fingerprint / f"layer{layer}-{tag}-n{samples}-s{seqlen}-seed{seed}.safetensors"
+
+
+@torch.no_grad()
+def compute_second_moments(model, tok, layers: list[int], corpus: str = "austen-train", samples: int = 20000,
+                           seqlen: int = 256, seed: int = 0, batch_size: int = 4) -> dict[int, torch.Tensor]:
+    n_windows = max(1, math.ceil(samples / seqlen))
+    batches = calibration_batches(tok, corpus, n=n_windows, seqlen=seqlen, seed=seed)
+    device = next(model.parameters()).device
+    acc = {l: None for l in layers}
+    count = 0
+
+    def hook(layer):
+        def fn(module, inputs):
+            x = inputs[0].detach().reshape(-1, inputs[0].shape[-1]).to("cpu", torch.float64)
+            acc[layer] = x.T @ x if acc[layer] is None else acc[layer] + x.T @ x
+        return fn
+
+    handles = [down_proj(model, l).register_forward_pre_hook(hook(l)) for l in layers]
+    try:
+        for i in progress(range(0, n_windows, batch_size), "key statistics", total=math.ceil(n_windows / batch_size)):
+            x = batches[i:i + batch_size].to(device)
+            model(input_ids=x)
+            count += x.numel()
+    finally:
+        for h in handles:
+            h.remove()
+    return {l: (acc[l] / count).to(torch.float32) for l in layers}
+
+
+def second_moments(model, tok, layers: list[int], fingerprint: str, corpus: str = "austen-train",
+                   samples: int = 20000, seqlen: int = 256, seed: int = 0, root: Path | None = None
+                   ) -> dict[int, torch.Tensor]:
+    """Cached ``C_l`` for every layer in ``layers`` (computed in one pass for the missing ones)."""
+    root = Path(root) if root is not None else stats_root()
+    out, missing = {}, []
+    for l in layers:
+        f = _file(root, fingerprint, l, corpus, samples, seqlen, seed)
+        if f.is_file():
+            out[l] = load_file(str(f))["mom2"]
+        else:
+            missing.append(l)
+    if missing:
+        info(f"computing key second moments for layers {missing} ({samples} positions of {corpus})")
+        fresh = compute_second_moments(model, tok, missing, corpus, samples, seqlen, seed)
+        for l, c in fresh.items():
+            f = _file(root, fingerprint, l, corpus, samples, seqlen, seed)
+            f.parent.mkdir(parents=True, exist_ok=True)
+            with atomic_file(f) as tmp:
+                save_file({"mom2": c.contiguous()}, str(tmp), metadata={"count": str(samples), "corpus": str(corpus)})
+            out[l] = c
+    return out

@@ -1,0 +1,187 @@
+"""MEMIT (Meng et al., "Mass-Editing Memory in a Transformer", ICLR 2023): the per-layer
+key/value least-squares update of ``mlp.down_proj`` and the multi-layer editing loop shared by
+every locate-then-edit method here (``alphaedit`` swaps only the solve; the ``anchor`` option
+swaps only the targets, see ``anchors.py``).
+
+For edited layer l with keys K (d_ff × n: down_proj inputs at the subject's last token, averaged
+over the template group ["{}"] and the group of generated templates, then over the two groups)
+and residuals Rs (d_model × n), in float64:
+
+    U = solve(K Kᵀ + C_prev + λ C_l + μ I, K Rsᵀ),   ΔW_l = Uᵀ,   W_l ← W_l + ΔW_l
+
+the closed form of  min_Δ ‖(W+Δ)K − (WK + Rs)‖² + λ‖Δ K_0‖²  with λ C_l = λ E[k kᵀ] (C_l is the
+MEAN second moment, so λ = ``mom2_update_weight`` is comparable with the MEMIT/FE configs).
+``C_prev`` holds Σ K Kᵀ of batches edited before (sequential editing); zero in one-batch mode.
+
+Residuals: backward anchor: Rs = (z − h_{l_L}^{cur}) / (L − i) at loop index i; forward anchor:
+Rs = z_l − h_l^{cur}. ``h^{cur}`` is always re-measured on the partially edited model; all
+targets are computed before any weight of the batch changes. After each layer the remaining-
+residual ratio ‖z_L − h_L^{cur}‖_F / ‖z_L − h_L^{(0)}‖_F (over the batch) is recorded.
+
+``solver='pinv'`` uses the pseudo-inverse (minimum-norm solution; needed when λ = μ = 0 and
+n < d_ff, as in the spec's exactness tests).
+"""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+
+import torch
+
+from llmtool.core.console import info, progress
+from llmtool.core.registry import Registry
+from llmtool.edit.anchors import ANCHORS, ZConfig, bare_batch, compute_z, fill, forward_replay
+from llmtool.edit.layerio import capture_at, down_proj
+from llmtool.edit.prompts import pad_batch, subject_last_index
+from llmtool.edit.requests import EditRequest
+
+METHODS = Registry("edit")
+
+
+@dataclass
+class EditConfig:
+    layers: list[int] = field(default_factory=lambda: [3, 4, 5, 6, 7])
+    method: str = "memit"
+    anchor: str = "backward"
+    z: ZConfig = field(default_factory=ZConfig)
+    mom2_update_weight: float = 15000.0
+    l2: float | None = None            # μ (MEMIT, default 0) or α (AlphaEdit, default 10)
+    nullspace_threshold: float = 0.02  # AlphaEdit
+    batch_size: int = 0                # 0 = every request in one batch
+    solver: str = "solve"              # solve | pinv
+
+    def to_json(self) -> dict:
+        return asdict(self)
+
+
+def solve_update(A: torch.Tensor, B: torch.Tensor, solver: str) -> torch.Tensor:
+    if solver == "pinv":
+        return torch.linalg.pinv(A, hermitian=True) @ B
+    return torch.linalg.solve(A, B)
+
+
+@METHODS.register("memit")
+class MemitSolve:
+    """ΔW = [ (K Kᵀ + C_prev + λ C + μ I)^{-1} K Rsᵀ ]ᵀ."""
+
+    def __init__(self, second_moment: torch.Tensor, cfg: EditConfig):
+        self.C = second_moment.to(torch.float64)
+        self.cfg = cfg
+
+    def delta(self, K: torch.Tensor, Rs: torch.Tensor, C_prev: torch.Tensor) -> torch.Tensor:
+        K, Rs = K.to(torch.float64), Rs.to(torch.float64)
+        eye = torch.eye(K.shape[0], dtype=torch.float64)
+        mu = 0.0 if self.cfg.l2 is None else self.cfg.l2
+        A = K @ K.T + C_prev + self.cfg.mom2_update_weight * self.C + mu * eye
+        return solve_update(A, K @ Rs.T, self.cfg.solver).T
+
+    def describe(self) -> dict:
+        return {}
+
+
+@torch.no_grad()
+def compute_keys(model, tok, requests: list[EditRequest], layer: int, templates: list[str],
+                 chunk: int = 64) -> torch.Tensor:
+    """K (d_ff × n): down_proj input at the subject's last token, averaged within the template
+    groups [["{}"], generated] and then across groups."""
+    device = next(model.parameters()).device
+    groups = [[t for t in templates if t == "{}"], [t for t in templates if t != "{}"]]
+    groups = [g for g in groups if g]
+    seqs, lookups, owner = [], [], []
+    for r_i, r in enumerate(requests):
+        for g_i, g in enumerate(groups):
+            for t in g:
+                ids, idx = subject_last_index(tok, fill(t, r.prompt), r.subject)
+                seqs.append(ids)
+                lookups.append(idx)
+                owner.append((r_i, g_i))
+    keys = []
+    for s in range(0, len(seqs), chunk):
+        batch = pad_batch(seqs[s:s + chunk], tok.pad_token_id or 0, device)
+        keys.append(capture_at(model, batch, torch.tensor(lookups[s:s + chunk], device=device), [layer], "key")[layer])
+    keys = torch.cat(keys).double().cpu()
+    d = keys.shape[1]
+    sums = torch.zeros(len(requests), len(groups), d, dtype=torch.float64)
+    counts = torch.zeros(len(requests), len(groups), 1, dtype=torch.float64)
+    for row, (r_i, g_i) in enumerate(owner):
+        sums[r_i, g_i] += keys[row]
+        counts[r_i, g_i] += 1
+    return (sums / counts).mean(1).T
+
+
+@torch.no_grad()
+def hidden_at(model, tok, requests: list[EditRequest], layers: list[int]) -> dict[int, torch.Tensor]:
+    device = next(model.parameters()).device
+    batch, pos = bare_batch(tok, requests, device)
+    return {l: v.double().cpu() for l, v in capture_at(model, batch, pos, layers, "out").items()}
+
+
+def compute_targets(model, tok, requests: list[EditRequest], cfg: EditConfig, templates: list[str]
+                    ) -> tuple[dict[int, torch.Tensor], list[dict]]:
+    """Per-layer targets {layer: [n, d_model]} for the configured anchor (backward: only the last
+    layer's z; forward: z_1 and its replayed successors), and per-request optimisation logs."""
+    if cfg.anchor not in ANCHORS:
+        raise ValueError(f"unknown anchor {cfg.anchor!r}")
+    layers = sorted(cfg.layers)
+    l_star = layers[-1] if cfg.anchor == "backward" else layers[0]
+    zs, logs = [], []
+    for r in progress(requests, f"optimising targets at layer {l_star}"):
+        res = compute_z(model, tok, r, l_star, templates, cfg.z)
+        zs.append(res.z)
+        logs.append({"layer": l_star, "loss": res.loss, "steps": res.steps,
+                     "delta_norm_ratio": float((res.z - res.h_init).norm() / res.h_init.norm())})
+    z = torch.stack(zs)
+    if cfg.anchor == "backward":
+        return {l_star: z.double().cpu()}, logs
+    return {l: v.double().cpu() for l, v in forward_replay(model, tok, requests, z, layers).items()}, logs
+
+
+def edit_batch(model, tok, requests: list[EditRequest], cfg: EditConfig, templates: list[str],
+               solvers: dict, C_prev: dict[int, torch.Tensor], targets: dict[int, torch.Tensor] | None = None
+               ) -> dict:
+    """Edit one batch in place; returns per-layer ΔW norms and remaining-residual ratios."""
+    layers = sorted(cfg.layers)
+    last = layers[-1]
+    if targets is None:
+        targets, z_logs = compute_targets(model, tok, requests, cfg, templates)
+    else:
+        z_logs = []
+    z_last = targets[last]
+    h_last0 = hidden_at(model, tok, requests, [last])[last]
+    gap0 = (z_last - h_last0).norm().item()
+    per_layer = []
+    for i, l in enumerate(layers):
+        K = compute_keys(model, tok, requests, l, templates)
+        if cfg.anchor == "backward":
+            cur = hidden_at(model, tok, requests, [last])[last]
+            Rs = (z_last - cur) / (len(layers) - i)
+        else:
+            cur = hidden_at(model, tok, requests, [l])[l]
+            Rs = targets[l] - cur
+        dW = solvers[l].delta(K, Rs.T, C_prev[l])
+        W = down_proj(model, l).weight
+        with torch.no_grad():
+            W.add_(dW.to(W.dtype).to(W.device))
+        C_prev[l] = C_prev[l] + K @ K.T
+        h_last = hidden_at(model, tok, requests, [last])[last]
+        ratio = (z_last - h_last).norm().item() / gap0 if gap0 > 0 else 0.0
+        per_layer.append({"layer": l, "delta_fro": float(dW.norm()), "residual_fro": float(Rs.norm()),
+                          "remaining_residual_ratio": ratio})
+        info(f"layer {l}: ||dW||_F={float(dW.norm()):.4g}  remaining residual ratio={ratio:.3f}")
+    return {"layers": per_layer, "z": z_logs, "targets": targets}
+
+
+def apply_edits(model, tok, requests: list[EditRequest], cfg: EditConfig, templates: list[str],
+                second_moments: dict[int, torch.Tensor]) -> dict:
+    """Edit ``model`` in place with ``requests`` (batches in sequence, C_prev accumulating)."""
+    solver_cls = METHODS.get(cfg.method)
+    layers = sorted(cfg.layers)
+    solvers = {l: solver_cls(second_moments[l], cfg) for l in layers}
+    d_ff = down_proj(model, layers[0]).weight.shape[1]
+    C_prev = {l: torch.zeros(d_ff, d_ff, dtype=torch.float64) for l in layers}
+    for p in model.parameters():
+        p.requires_grad_(False)
+    size = cfg.batch_size or max(1, len(requests))
+    batches = []
+    for s in range(0, len(requests), size):
+        batches.append(edit_batch(model, tok, requests[s:s + size], cfg, templates, solvers, C_prev))
+    return {"batches": batches, "solver": {l: s.describe() for l, s in solvers.items()}}
