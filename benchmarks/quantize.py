@@ -1,0 +1,149 @@
+"""Benchmark of `llmtool quantize`: RTN vs QuaRot vs SpinQuant vs ReSpinQuant (r = 0, 32, D) on the
+default model, at W4A4 and W3A3 (KV 16), same calibration windows, seed and evaluation text.
+
+Writes benchmarks/results/quantize.json and benchmarks/results/quantize.md. Defaults are the
+shortened CPU recipe (see docs/quantize.md); flags give bigger runs, e.g.
+``--train-steps 100 --train-seqlen 2048 --calib-samples 128 --calib-seqlen 2048 --max-tokens 65536``.
+
+ReSpinQuant's rank ablation re-uses one set of learned rotations: the rotations are learned once per
+bit setting, then fused with each rank (0, 32, D) and GPTQ-quantized separately.
+"""
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+
+def main(argv=None) -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--model", default="smollm2-135m")
+    p.add_argument("--calib-data", default="austen-train")
+    p.add_argument("--eval-data", default="austen-test")
+    p.add_argument("--calib-samples", type=int, default=8)
+    p.add_argument("--calib-seqlen", type=int, default=256)
+    p.add_argument("--train-steps", type=int, default=4)
+    p.add_argument("--train-seqlen", type=int, default=128)
+    p.add_argument("--seqlen", type=int, default=512)
+    p.add_argument("--max-tokens", type=int, default=1024)
+    p.add_argument("--settings", default="4-4,3-3", help="comma list of W-A bit pairs")
+    p.add_argument("--methods", default="rtn,quarot,spinquant,respinquant")
+    p.add_argument("--ranks", default="0,32,D", help="ReSpinQuant ranks to fuse at the first setting (D = hidden)")
+    p.add_argument("--ranks-other", default="32", help="ReSpinQuant ranks at the other settings")
+    p.add_argument("--methods-other", default="rtn,quarot,respinquant", help="methods at the other settings")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--out", default=str(ROOT / "benchmarks" / "results"))
+    args = p.parse_args(argv)
+    torch.set_num_threads(args.threads)
+
+    from llmtool.core import data as data_mod
+    from llmtool.core.console import markdown_table
+    from llmtool.core.evalkit import peak_rss_mb, perplexity
+    from llmtool.core.models import load_model, load_tokenizer, resolve_model, set_seed
+    from llmtool.quantize import register_all
+    from llmtool.quantize.api import (_replace_linears, enable_activation_quant, install_low_rank_transitions,
+                                      quantize_weights, round_storage)
+    from llmtool.quantize.formats import quant_block, save_quantized
+    from llmtool.quantize.runner import make_config
+    from llmtool.quantize import respinquant as rsq
+    from llmtool.quantize import rotations as R
+    from llmtool.core.checkpoint import dir_size_bytes
+
+    register_all()
+    set_seed(args.seed)
+    src = resolve_model(args.model)
+    tok = load_tokenizer(src)
+    base = load_model(src)
+    calib = data_mod.calibration_batches(tok, args.calib_data, args.calib_samples, args.calib_seqlen, args.seed)
+    ids = data_mod.tokenize(tok, data_mod.load_text(args.eval_data))
+    hidden = base.config.hidden_size
+
+    def ppl(m):
+        return perplexity(m, ids, seqlen=args.seqlen, max_tokens=args.max_tokens).ppl
+
+    def size_of(m, cfg, rotated, rank):
+        with tempfile.TemporaryDirectory() as d:
+            save_quantized(m, Path(d), src, quant_block(cfg, rotated, rank, m.config))
+            return dir_size_bytes(Path(d))
+
+    rows = []
+    t0 = time.perf_counter()
+    fp_ppl = ppl(base)
+    rows.append({"method": "fp32", "bits": "W16A16", "ppl": fp_ppl, "quant_s": 0.0, "size_MB": dir_size_bytes(src) / 1e6})
+    print(rows[-1], flush=True)
+    settings = [tuple(int(b) for b in s.split("-")) for s in args.settings.split(",")]
+    ranks = [hidden if r == "D" else int(r) for r in args.ranks.split(",")]
+    ranks_other = [hidden if r == "D" else int(r) for r in args.ranks_other.split(",")]
+    for k, (w_bits, a_bits) in enumerate(settings):
+        tag = f"W{w_bits}A{a_bits}"
+        ranks_here = ranks if k == 0 else ranks_other
+        for method in (args.methods if k == 0 else args.methods_other).split(","):
+            cfg = make_config(method, w_bits=w_bits, a_bits=a_bits, train_steps=args.train_steps,
+                              train_seqlen=args.train_seqlen, seed=args.seed)
+            if method != "respinquant":
+                m = copy.deepcopy(base)
+                from llmtool.quantize.api import quantize_
+
+                t = time.perf_counter()
+                rep = quantize_(m, cfg, calib)
+                qs = time.perf_counter() - t
+                rotated = rep.get("rotations") is not None
+                rows.append({"method": method, "bits": tag, "ppl": ppl(m), "quant_s": qs,
+                             "size_MB": size_of(m, cfg, rotated, None) / 1e6})
+                print(rows[-1], flush=True)
+                del m
+                continue
+            # respinquant: learn once, fuse with each rank
+            m0 = copy.deepcopy(base)
+            t = time.perf_counter()
+            R.prepare(m0)
+            R.fuse_down_hadamard(m0)
+            rot = rsq.build_rotations(m0, cfg, tied=False)
+            losses = rsq.learn_rotations(m0, rot, calib, cfg)
+            train_s = time.perf_counter() - t
+            for rank in ranks_here:
+                m = copy.deepcopy(m0)
+                t = time.perf_counter()
+                R.fuse(m, rot)
+                terr = install_low_rank_transitions(m, rot, rank)
+                _replace_linears(m, cfg, True)
+                quantize_weights(m, cfg, calib)
+                enable_activation_quant(m, cfg)
+                round_storage(m, cfg)
+                qs = train_s + time.perf_counter() - t
+                rows.append({"method": f"respinquant r={rank}", "bits": tag, "ppl": ppl(m), "quant_s": qs,
+                             "size_MB": size_of(m, cfg, True, rank) / 1e6,
+                             "transition_err": terr["transition_error_mean"],
+                             "train_ce_first_last": f"{losses[0]:.3f}->{losses[-1]:.3f}"})
+                print(rows[-1], flush=True)
+                del m
+            del m0
+    total = time.perf_counter() - t0
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    record = {"args": vars(args), "rows": rows, "total_seconds": total, "peak_rss_mb": peak_rss_mb(),
+              "torch_threads": torch.get_num_threads()}
+    (out / "quantize.json").write_text(json.dumps(record, indent=2))
+    cols = ["method", "bits", "ppl", "quant_s", "size_MB", "transition_err", "train_ce_first_last"]
+    cmd = "python benchmarks/quantize.py " + " ".join(argv if argv is not None else sys.argv[1:])
+    md = (f"# quantize benchmark\n\nModel {args.model}, eval {args.eval_data} first {args.max_tokens} tokens at "
+          f"seqlen {args.seqlen}; calibration {args.calib_samples}x{args.calib_seqlen} of {args.calib_data}; "
+          f"rotation training {args.train_steps} steps x 1 x {args.train_seqlen}; KV16; seed {args.seed}. "
+          f"Peak RSS {record['peak_rss_mb']:.0f} MB, total {total:.0f} s.\n\n"
+          f"Command: `{cmd.strip()}`\n\n" + markdown_table(rows, cols) + "\n")
+    (out / "quantize.md").write_text(md)
+    print(md)
+
+
+if __name__ == "__main__":
+    main()

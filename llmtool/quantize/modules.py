@@ -1,0 +1,209 @@
+"""Runtime modules of a quantized (and rotated) model, shared by all quantize methods.
+
+* :class:`QuantLinear` — a block Linear: optional online Hadamard on its input (down_proj), dynamic
+  per-token activation quantization, and packed low-bit integer weights with per-channel scales
+  (buffers ``weight_packed``/``weight_scale``/``weight_shape``, compressed-tensors naming). At 16 bits
+  it holds a plain ``weight``. Quantized products go through :func:`kernels.w4a4_matmul.w4a4_matmul`
+  (triton on CUDA, the exact torch reference on CPU).
+* :class:`LowRankTransition` — the ReSpinQuant residual basis change ``h ↦ h + (h Q) M Qᵀ``.
+* :class:`DenseTransition` — ``h ↦ h T`` (exact; used while learning rotations).
+* :func:`install_transitions` swaps a decoder layer's class for a subclass whose forward applies the
+  transitions to the residual branches (``h_mid = h T_attn + Attn(norm h)``,
+  ``h_out = h_mid T_ffn + FFN(norm h_mid)``), keeping all parameter names.
+* :func:`enable_kv_quant` registers an attention function that applies the online head-dim Hadamard
+  to Q and K after RoPE and fake-quantizes K and V (asymmetric, groups of ≤128 along the head dim).
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from kernels.hadamard import hadamard_transform
+from kernels.intpack import pack, packed_width, unpack
+from kernels.quant import quantize_per_token
+from kernels.w4a4_matmul import w4a4_matmul
+from llmtool.quantize.quantizers import dequantize_weight, fake_quant_act, fake_quant_act_ste, weight_zero
+
+BLOCK_LINEARS = ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj",
+                 "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj")
+
+
+class QuantLinear(nn.Module):
+    def __init__(self, in_features: int, out_features: int, w_bits: int = 16, a_bits: int = 16,
+                 a_symmetric: bool = False, a_clip_ratio: float = 1.0, online_hadamard: bool = False,
+                 dtype=torch.float32):
+        super().__init__()
+        self.in_features, self.out_features = in_features, out_features
+        self.w_bits, self.a_bits = w_bits, a_bits
+        self.a_symmetric, self.a_clip_ratio = a_symmetric, a_clip_ratio
+        self.online_hadamard = online_hadamard
+        self.observer = None  # callable(x) seeing the (Hadamard-transformed) input, for GPTQ Hessians
+        self._centered = None
+        if w_bits >= 16:
+            self.register_buffer("weight", torch.zeros(out_features, in_features, dtype=dtype))
+        else:
+            self.register_buffer("weight_packed", torch.zeros(out_features, packed_width(in_features, w_bits),
+                                                              dtype=torch.uint8))
+            self.register_buffer("weight_scale", torch.ones(out_features, 1, dtype=torch.float16))
+            self.register_buffer("weight_shape", torch.tensor([out_features, in_features], dtype=torch.int64))
+
+    @classmethod
+    def from_linear(cls, linear: nn.Linear, **kw) -> "QuantLinear":
+        if linear.bias is not None:
+            raise ValueError("QuantLinear does not support biases")
+        q = cls(linear.in_features, linear.out_features, w_bits=16, dtype=linear.weight.dtype, **kw)
+        q.weight.copy_(linear.weight.detach())
+        return q.to(linear.weight.device)
+
+    def set_quantized(self, codes: torch.Tensor, scale: torch.Tensor, bits: int) -> None:
+        """Replace the full-precision weight by packed ``bits``-bit codes and per-channel scales."""
+        if hasattr(self, "weight"):
+            del self.weight
+        self.w_bits = bits
+        dev = codes.device
+        self.register_buffer("weight_packed", pack(codes.to(torch.uint8), bits))
+        self.register_buffer("weight_scale", scale.to(torch.float16).reshape(-1, 1).to(dev))
+        self.register_buffer("weight_shape", torch.tensor(list(codes.shape), dtype=torch.int64, device=dev))
+        self._centered = None
+
+    def codes(self) -> torch.Tensor:
+        return unpack(self.weight_packed, self.w_bits)
+
+    def dequantized_weight(self, dtype=torch.float32) -> torch.Tensor:
+        if self.w_bits >= 16:
+            return self.weight.to(dtype)
+        return dequantize_weight(self.codes(), self.weight_scale.float(), self.w_bits, dtype)
+
+    def _centered_weight(self) -> torch.Tensor:
+        c = self._centered
+        if c is None or c.device != self.weight_packed.device:
+            c = self.codes().float() - float(weight_zero(self.w_bits))
+            self._centered = c
+        return c
+
+    def _load_from_state_dict(self, *args, **kwargs):
+        self._centered = None
+        return super()._load_from_state_dict(*args, **kwargs)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.online_hadamard:
+            x = hadamard_transform(x)
+        if self.observer is not None:
+            self.observer(x)
+        shape = x.shape
+        x2 = x.reshape(-1, shape[-1])
+        if self.w_bits >= 16:
+            if self.a_bits < 16:
+                x2 = fake_quant_act(x2, self.a_bits, self.a_symmetric, self.a_clip_ratio)
+            y = F.linear(x2, self.weight.to(x2.dtype))
+        elif self.a_bits <= 7:
+            xc, xs, xz = quantize_per_token(x2, self.a_bits, self.a_symmetric, self.a_clip_ratio)
+            if self.w_bits == 4:
+                y = w4a4_matmul(xc, xs, xz, self.weight_packed, self.weight_scale, weight_zero(4),
+                                w_centered=self._centered_weight())
+            else:  # 3-bit codes: same integer product (reference path; codes fit a nibble for triton)
+                wc = self._centered_weight()
+                y = ((xc.float() - xz) @ wc.T) * xs * self.weight_scale.float().reshape(1, -1)
+        else:
+            xq = fake_quant_act(x2, self.a_bits, self.a_symmetric, self.a_clip_ratio) if self.a_bits < 16 else x2
+            y = F.linear(xq.float(), self.dequantized_weight(torch.float32))
+        return y.reshape(*shape[:-1], self.out_features).to(x.dtype)
+
+    def extra_repr(self) -> str:
+        return (f"in={self.in_features}, out={self.out_features}, w_bits={self.w_bits}, a_bits={self.a_bits}, "
+                f"online_hadamard={self.online_hadamard}")
+
+
+class LowRankTransition(nn.Module):
+    """``h ↦ h + (h Q) M Qᵀ`` with ``basis`` Q [D, r] (orthonormal columns) and ``core`` M [r, r]."""
+
+    def __init__(self, hidden: int, rank: int, dtype=torch.float32):
+        super().__init__()
+        self.register_buffer("basis", torch.zeros(hidden, rank, dtype=dtype))
+        self.register_buffer("core", torch.zeros(rank, rank, dtype=dtype))
+
+    def forward(self, h: torch.Tensor) -> torch.Tensor:
+        if self.basis.shape[1] == 0:
+            return h
+        q = self.basis.to(h.dtype)
+        return h + ((h @ q) @ self.core.to(h.dtype)) @ q.T
+
+    def dense(self) -> torch.Tensor:
+        d = self.basis.shape[0]
+        return torch.eye(d, dtype=self.basis.dtype) + self.basis @ self.core @ self.basis.T
+
+
+class DenseTransition(nn.Module):
+    """``h ↦ h T`` with ``T`` set from outside (``self.matrix``); identity when unset."""
+
+    def __init__(self):
+        super().__init__()
+        self.matrix = None
+
+    def forward(self, h: torch.Tensor) -> torch.Tensor:
+        return h if self.matrix is None else h @ self.matrix.to(h.dtype)
+
+
+def _transition_forward(self, hidden_states, **kwargs):
+    residual = self.attn_transition(hidden_states)
+    h = self.input_layernorm(hidden_states)
+    h, _ = self.self_attn(hidden_states=h, **kwargs)
+    hidden_states = residual + h
+    residual = self.mlp_transition(hidden_states)
+    h = self.mlp(self.post_attention_layernorm(hidden_states))
+    return residual + h
+
+
+_TRANSITION_CLASSES: dict[type, type] = {}
+
+
+def install_transitions(layer: nn.Module, attn: nn.Module, mlp: nn.Module) -> None:
+    """Give ``layer`` the residual transitions ``attn`` and ``mlp`` (swaps its class once)."""
+    base = layer.__class__
+    if base not in _TRANSITION_CLASSES.values():
+        if base not in _TRANSITION_CLASSES:
+            _TRANSITION_CLASSES[base] = type(f"Transition{base.__name__}", (base,), {"forward": _transition_forward})
+        layer.__class__ = _TRANSITION_CLASSES[base]
+    layer.attn_transition = attn
+    layer.mlp_transition = mlp
+
+
+def remove_transitions(layer: nn.Module) -> None:
+    for base, sub in _TRANSITION_CLASSES.items():
+        if layer.__class__ is sub:
+            layer.__class__ = base
+            del layer.attn_transition
+            del layer.mlp_transition
+
+
+def _group_fake_quant(x: torch.Tensor, bits: int, group: int) -> torch.Tensor:
+    shape = x.shape
+    g = min(group, shape[-1])
+    y = fake_quant_act_ste(x.reshape(*shape[:-1], shape[-1] // g, g), bits, symmetric=False)
+    return y.reshape(shape)
+
+
+def _kvquant_attention(module, query, key, value, attention_mask, **kwargs):
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    bits = getattr(module, "kv_bits", 16)
+    if bits < 16:
+        query = hadamard_transform(query)
+        key = _group_fake_quant(hadamard_transform(key), bits, getattr(module, "kv_group_size", 128))
+        value = _group_fake_quant(value, bits, getattr(module, "kv_group_size", 128))
+    return sdpa_attention_forward(module, query, key, value, attention_mask, **kwargs)
+
+
+KV_ATTENTION = "llmtool_kvquant"
+
+
+def enable_kv_quant(model: nn.Module, layers, bits: int, group_size: int = 128) -> None:
+    """Quantize K (after RoPE and the online head-dim Hadamard) and V to ``bits`` bits."""
+    from transformers import AttentionInterface
+
+    AttentionInterface.register(KV_ATTENTION, _kvquant_attention)
+    for layer in layers:
+        layer.self_attn.kv_bits = bits
+        layer.self_attn.kv_group_size = group_size
+    model.config._attn_implementation = KV_ATTENTION

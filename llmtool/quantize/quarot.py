@@ -1,0 +1,43 @@
+"""QuaRot baseline (Ashkboos et al., 2024): computational invariance with random Hadamard rotations.
+
+Implemented here: RMSNorm gains folded and lm_head untied; one global randomised Hadamard
+``R1 = diag(s) H_D`` (random ±1 signs) fused into every residual-stream reader/writer (embedding,
+q/k/v, o, gate/up, down, lm_head); a random Hadamard of the head dim per layer fused into the value
+rows and o_proj columns (QuaRot's per-head value rotation; the cross-head online Hadamard QuaRot adds
+before o_proj is not used — a reconstructed simplification shared with the ReSpinQuant path); an
+online Hadamard on the down_proj input (fused as ``W_down H``); the Q/K head-dim Hadamard after RoPE
+when the KV cache is quantized. No training. GPTQ weights (same quantizer/calibration as the others).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from llmtool.core.models import decoder_layers
+from llmtool.quantize import rotations as R
+from llmtool.quantize.api import METHODS, QuantConfig
+
+
+@dataclass
+class QuaRotConfig(QuantConfig):
+    def __post_init__(self):
+        self.method = "quarot"
+
+
+def rotate(model, config: QuaRotConfig, calib):
+    cfg = model.config
+    n = len(decoder_layers(model))
+    g = torch.Generator().manual_seed(config.seed)
+    R.prepare(model)
+    R.fuse_down_hadamard(model)
+    rot = R.RotationSet(n, cfg.hidden_size, R.head_dim(cfg), tied=True, dtype=torch.float64)
+    with torch.no_grad():
+        rot.R1[0].copy_(R.random_hadamard(cfg.hidden_size, g))
+        for i in range(n):
+            rot.R3[i].copy_(R.random_hadamard(R.head_dim(cfg), g))
+    R.fuse(model, rot)
+    return rot, {}
+
+
+METHODS.add("quarot", (QuaRotConfig, rotate))

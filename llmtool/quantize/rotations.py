@@ -1,0 +1,243 @@
+"""Rotations of a Llama-style residual stream, fused offline into the weights (QuaRot / SpinQuant /
+ReSpinQuant), the low-rank residual-transition approximation, and the Cayley SGD optimiser.
+
+Conventions: row vectors, ``F.linear`` computes ``y = x Wᵀ`` (W is out×in). A stream stored in basis
+R is ``x̃ = x R``. A Linear reading it gets ``W ← W R``; a Linear writing into basis R gets
+``W ← Rᵀ W``; the embedding table becomes ``E ← E R``.
+
+Per decoder layer i (D hidden, d head dim, L layers):
+* ``R1[i]`` basis of the stream entering layer i: ``W_q, W_k, W_v ← W R1[i]``;
+* ``R2[i]`` basis attention writes in and the FFN reads: ``W_o ← R2[i]ᵀ W_o``, ``W_gate, W_up ← W R2[i]``;
+* the FFN writes in ``R1[i+1]``: ``W_down ← R1[i+1]ᵀ W_down``; ``lm_head ← W_lm R1[L]``, ``E ← E R1[0]``;
+* ``R3[i]`` (d×d) per head on the value path: ``W_v[h] ← R3ᵀ W_v[h]`` (rows of each KV head block),
+  ``W_o[:, h] ← W_o[:, h] R3`` (columns of each query head block; query heads of a GQA group see their
+  KV head's value, and all heads share R3[i]);
+* residual transitions ``T_attn[i] = R1[i]ᵀ R2[i]`` and ``T_ffn[i] = R2[i]ᵀ R1[i+1]``.
+* the down_proj input gets an online Hadamard ``H`` (intermediate size), fused as ``W_down ← W_down H``.
+
+Before rotating, :func:`prepare` unties ``lm_head`` from the embedding and folds every RMSNorm gain
+into the columns of the Linears that read the norm's output (gains become 1), so RMSNorm commutes with
+the rotations.
+
+Transition approximation (ReSpinQuant §3.5): Q = top-r left singular vectors of ``ΔT = T − I``,
+``R̂ = polar(Qᵀ T Q)``, ``T̂ = I + Q (R̂ − I) Qᵀ`` (orthogonal whenever QᵀQ = I); stored as
+``basis = Q``, ``core = R̂ − I``; a near-zero ΔT gives an all-zero core.
+
+Cayley SGD (Li et al. 2020, as used by SpinQuant's SGDG): for a Euclidean gradient G at R,
+``A = G Rᵀ − R Gᵀ`` (skew) and ``R ← (I + α/2 A)⁻¹ (I − α/2 A) R``, a descent retraction on the
+orthogonal group (``dR/dα = −A R``). The step is ``α = min(lr, 1/(‖A‖₁ + ε))`` (SGDG's cap, which
+is what makes lr = 1.5 safe); the solve is exact, and R is re-orthonormalised by its polar factor if
+``‖RᵀR − I‖_max`` exceeds 1e-4. The spec writes the update with the opposite sign convention for the
+skew matrix; the descent direction above is the one that reduces the loss (tested).
+"""
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from kernels.hadamard import hadamard_matrix
+from llmtool.core.console import UsageError
+from llmtool.core.models import decoder_layers
+
+SUPPORTED_MODEL_TYPES = ("llama", "mistral")
+
+
+def check_supported(model) -> None:
+    cfg = model.config
+    mt = getattr(cfg, "model_type", "?")
+    if mt not in SUPPORTED_MODEL_TYPES:
+        raise UsageError(f"unsupported architecture {mt!r} for `llmtool quantize` (supported: "
+                         f"{', '.join(SUPPORTED_MODEL_TYPES)}: RMSNorm Llama-style blocks without biases)")
+    if getattr(cfg, "attention_bias", False) or getattr(cfg, "mlp_bias", False):
+        raise UsageError(f"unsupported architecture {mt!r} with biased projections for `llmtool quantize`")
+
+
+def head_dim(cfg) -> int:
+    return getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+
+
+def random_orthogonal(n: int, generator=None, dtype=torch.float64) -> torch.Tensor:
+    a = torch.randn(n, n, generator=generator, dtype=torch.float64)
+    q, r = torch.linalg.qr(a)
+    return (q * torch.sign(torch.diagonal(r))).to(dtype)
+
+
+def random_hadamard(n: int, generator=None, dtype=torch.float64) -> torch.Tensor:
+    """``diag(s) H`` with random signs s (QuaRot's randomised Hadamard)."""
+    s = torch.randint(0, 2, (n,), generator=generator).to(torch.float64) * 2 - 1
+    return (s[:, None] * hadamard_matrix(n)).to(dtype)
+
+
+def polar(m: torch.Tensor) -> torch.Tensor:
+    u, _, vh = torch.linalg.svd(m)
+    return u @ vh
+
+
+@torch.no_grad()
+def prepare(model) -> None:
+    """Untie lm_head, fold RMSNorm gains into the following Linears (in place)."""
+    check_supported(model)
+    emb = model.get_input_embeddings()
+    if model.lm_head.weight.data_ptr() == emb.weight.data_ptr():
+        model.lm_head.weight = nn.Parameter(emb.weight.detach().clone())
+    model.config.tie_word_embeddings = False
+    if hasattr(model, "_tied_weights_keys"):
+        model._tied_weights_keys = None
+    for layer in decoder_layers(model):
+        g = layer.input_layernorm.weight
+        for lin in (layer.self_attn.q_proj, layer.self_attn.k_proj, layer.self_attn.v_proj):
+            lin.weight.mul_(g.to(lin.weight.dtype)[None, :])
+        g.fill_(1.0)
+        g = layer.post_attention_layernorm.weight
+        for lin in (layer.mlp.gate_proj, layer.mlp.up_proj):
+            lin.weight.mul_(g.to(lin.weight.dtype)[None, :])
+        g.fill_(1.0)
+    g = model.model.norm.weight
+    model.lm_head.weight.mul_(g.to(model.lm_head.weight.dtype)[None, :])
+    g.fill_(1.0)
+
+
+@torch.no_grad()
+def fuse_down_hadamard(model) -> None:
+    """``W_down ← W_down H`` so that an online ``x H`` before down_proj keeps the product unchanged."""
+    for layer in decoder_layers(model):
+        w = layer.mlp.down_proj.weight
+        h = hadamard_matrix(w.shape[1], dtype=torch.float64)
+        w.copy_((w.double() @ h).to(w.dtype))
+
+
+class RotationSet(nn.Module):
+    """R1 [L+1, D, D], R2 [L, D, D], R3 [L, d, d]. ``tied``: one global R for every R1/R2 (SpinQuant)."""
+
+    def __init__(self, num_layers: int, hidden: int, head: int, tied: bool = False, dtype=torch.float32):
+        super().__init__()
+        self.num_layers, self.tied = num_layers, tied
+        eye = torch.eye(hidden, dtype=dtype)
+        self.R1 = nn.Parameter(eye.repeat(1 if tied else num_layers + 1, 1, 1))
+        self.R2 = None if tied else nn.Parameter(eye.repeat(num_layers, 1, 1))
+        self.R3 = nn.Parameter(torch.eye(head, dtype=dtype).repeat(num_layers, 1, 1))
+
+    def r1(self, i: int) -> torch.Tensor:
+        return self.R1[0] if self.tied else self.R1[i]
+
+    def r2(self, i: int) -> torch.Tensor:
+        return self.R1[0] if self.tied else self.R2[i]
+
+    def r3(self, i: int) -> torch.Tensor:
+        return self.R3[i]
+
+    def matrices(self) -> list[nn.Parameter]:
+        return [p for p in (self.R1, self.R2, self.R3) if p is not None]
+
+    @classmethod
+    def hadamard_init(cls, num_layers, hidden, head, tied=False, generator=None, dtype=torch.float32):
+        """ReSpinQuant init: every R1/R2 the same deterministic H_D (so every T = I); R3 random Hadamards."""
+        rot = cls(num_layers, hidden, head, tied, dtype)
+        with torch.no_grad():
+            rot.R1.copy_(hadamard_matrix(hidden, dtype).expand_as(rot.R1))
+            if rot.R2 is not None:
+                rot.R2.copy_(hadamard_matrix(hidden, dtype).expand_as(rot.R2))
+            for i in range(num_layers):
+                rot.R3[i].copy_(random_hadamard(head, generator, dtype))
+        return rot
+
+
+def _blockdiag_rows(w: torch.Tensor, r: torch.Tensor, heads: int) -> torch.Tensor:
+    """Rows of each head block of ``w`` [heads*d, in] ← rᵀ w_h."""
+    d = r.shape[0]
+    return torch.einsum("ed,hdk->hek", r.T, w.reshape(heads, d, -1)).reshape(heads * d, -1)
+
+
+def _blockdiag_cols(w: torch.Tensor, r: torch.Tensor, heads: int) -> torch.Tensor:
+    """Columns of each head block of ``w`` [out, heads*d] ← w_h r."""
+    d = r.shape[0]
+    return torch.einsum("khd,de->khe", w.reshape(w.shape[0], heads, d), r).reshape(w.shape[0], heads * d)
+
+
+def layer_weights(orig: dict[str, torch.Tensor], rot: RotationSet, i: int, cfg) -> dict[str, torch.Tensor]:
+    """Effective (rotated) weights of block i from its frozen prepared weights (differentiable)."""
+    dt = orig["self_attn.q_proj"].dtype
+    r1, r2, r1n, r3 = (rot.r1(i).to(dt), rot.r2(i).to(dt), rot.r1(i + 1).to(dt), rot.r3(i).to(dt))
+    out = {
+        "self_attn.q_proj": orig["self_attn.q_proj"] @ r1,
+        "self_attn.k_proj": orig["self_attn.k_proj"] @ r1,
+        "self_attn.v_proj": _blockdiag_rows(orig["self_attn.v_proj"] @ r1, r3, cfg.num_key_value_heads),
+        "self_attn.o_proj": _blockdiag_cols(r2.T @ orig["self_attn.o_proj"], r3, cfg.num_attention_heads),
+        "mlp.gate_proj": orig["mlp.gate_proj"] @ r2,
+        "mlp.up_proj": orig["mlp.up_proj"] @ r2,
+        "mlp.down_proj": r1n.T @ orig["mlp.down_proj"],
+    }
+    return out
+
+
+def transitions(rot: RotationSet, i: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(T_attn, T_ffn) of layer i."""
+    return rot.r1(i).T @ rot.r2(i), rot.r2(i).T @ rot.r1(i + 1)
+
+
+def approximate_transition(t: torch.Tensor, rank: int, tol: float = 1e-12) -> tuple[torch.Tensor, torch.Tensor]:
+    """(basis Q [D, r], core M [r, r]) with ``I + Q M Qᵀ`` the orthogonal rank-r approximation of ``t``."""
+    d = t.shape[0]
+    rank = max(0, min(rank, d))
+    eye = torch.eye(d, dtype=t.dtype, device=t.device)
+    delta = t - eye
+    if rank == 0:
+        return torch.zeros(d, 0, dtype=t.dtype), torch.zeros(0, 0, dtype=t.dtype)
+    if not torch.isfinite(delta).all():
+        raise ValueError("transition matrix has non-finite entries")
+    if delta.abs().max() <= tol:
+        q = eye[:, :rank].clone()
+        return q, torch.zeros(rank, rank, dtype=t.dtype)
+    u, _, _ = torch.linalg.svd(delta)
+    q = u[:, :rank]
+    core = polar(q.T @ t @ q) - torch.eye(rank, dtype=t.dtype)
+    return q, core
+
+
+@torch.no_grad()
+def fuse(model, rot: RotationSet) -> None:
+    """Write the rotated weights into ``model`` (computed in float64, cast back)."""
+    cfg = model.config
+    layers = decoder_layers(model)
+    rot64 = RotationSet(rot.num_layers, rot.r1(0).shape[0], rot.r3(0).shape[0], rot.tied, torch.float64)
+    for a, b in zip(rot64.matrices(), rot.matrices()):
+        a.data.copy_(b.detach().double())
+    for i, layer in enumerate(layers):
+        orig = {n: layer.get_submodule(n).weight.detach().double() for n in
+                ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj",
+                 "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj")}
+        for n, w in layer_weights(orig, rot64, i, cfg).items():
+            p = layer.get_submodule(n).weight
+            p.copy_(w.to(p.dtype))
+    emb = model.get_input_embeddings().weight
+    emb.copy_((emb.double() @ rot64.r1(0)).to(emb.dtype))
+    lm = model.lm_head.weight
+    lm.copy_((lm.double() @ rot64.r1(len(layers))).to(lm.dtype))
+
+
+class CayleySGD:
+    """Cayley SGD on the orthogonal group for batched square parameters [..., n, n]."""
+
+    def __init__(self, params: list[torch.Tensor], lr: float = 1.5, eps: float = 1e-8):
+        self.params, self.lr, self.eps = list(params), lr, eps
+
+    @torch.no_grad()
+    def step(self, lr: float | None = None) -> None:
+        lr = self.lr if lr is None else lr
+        for p in self.params:
+            if p.grad is None:
+                continue
+            r, g = p.data, p.grad.to(p.dtype)
+            a = g @ r.transpose(-1, -2) - r @ g.transpose(-1, -2)
+            norm1 = a.abs().sum(dim=-2).amax(dim=-1)  # matrix 1-norm per matrix
+            alpha = torch.clamp(1.0 / (norm1 + self.eps), max=lr)[..., None, None]
+            eye = torch.eye(r.shape[-1], dtype=r.dtype, device=r.device)
+            new = torch.linalg.solve(eye + 0.5 * alpha * a, (eye - 0.5 * alpha * a) @ r)
+            err = (new.transpose(-1, -2) @ new - eye).abs().amax()
+            if err > 1e-4:
+                new = polar(new.double()).to(r.dtype)
+            p.data.copy_(new)
+
+    def zero_grad(self) -> None:
+        for p in self.params:
+            p.grad = None
