@@ -254,3 +254,24 @@ def test_wilson_interval():
     assert lo == 0 and 0.01 < hi < 0.02
     lo, hi = B.wilson(150, 300)
     assert lo < 0.5 < hi and abs((lo + hi) / 2 - 0.5) < 1e-9
+
+
+def test_live_cli_with_tiny_models(tmp_path, tiny_llama_dir):
+    (tmp_path / "models.yaml").write_text(f"- {{name: a, path: '{tiny_llama_dir}', max_new_tokens: 2}}\n"
+                                          f"- {{name: b, path: '{tiny_llama_dir}', max_new_tokens: 3}}\n")
+    (tmp_path / "bench.jsonl").write_text("".join(json.dumps({"id": f"q{i}", "prompt": "The capital of France is",
+                                                              "reference": "Paris"}) + "\n" for i in range(4)))
+    args = ["--json", "evaluate", "sysr", "--models", tmp_path / "models.yaml", "--queries", tmp_path / "bench.jsonl",
+            "--scorer", "contains", "--budget", "6", "-o", tmp_path / "live.json"]
+    code, out, err = run_cli(*args)
+    assert code == 0, err
+    doc = json.loads(out)
+    assert doc["scorer_calls"] == doc["evaluations_used"] <= 6 and doc["best"] in ("a", "b")
+    code, out, err = run_cli(*args, "--overwrite")          # resumed from the cache: no new scorer calls
+    assert code == 0, err
+    again = json.loads(out)
+    assert again["scorer_calls"] == 0 and again["best"] == doc["best"]
+    (tmp_path / "bad.yaml").write_text("- {name: a}\n- {name: b, path: x}\n")
+    code, _, err = run_cli("evaluate", "sysr", "--models", tmp_path / "bad.yaml", "--queries", tmp_path / "bench.jsonl",
+                           "--budget", "4")
+    assert code == 2 and "entry 1: needs fields 'name' and 'path'" in err
