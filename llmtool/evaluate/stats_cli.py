@@ -108,6 +108,26 @@ def sysr_cmd(
     emit(doc, rows=rows, title=f"SySRs: best = {doc['best']} ({doc['evaluations_used']}/{budget} evaluations)")
 
 
+@app.command("build-matrix")
+def build_matrix_cmd(
+    responses: Optional[list[str]] = Responses,
+    metric: Optional[str] = typer.Option(None, help="lm-eval samples: metric field."),
+    keep_missing: bool = typer.Option(False, help="Keep items without a score for every model (NaN cells)."),
+    out: Path = typer.Option(..., "-o", "--out", help="Wide .csv or .parquet to write."),
+    overwrite: bool = typer.Option(False, "--overwrite"),
+) -> None:
+    """Convert long tables or lm-eval samples files into one wide score matrix (item_id + one column per model)."""
+    from llmtool.evaluate.results_io import load_matrix, write_wide
+
+    if out.exists() and not overwrite:
+        raise UsageError(f"{out}: already exists (pass --overwrite to replace it)")
+    if out.suffix not in (".csv", ".parquet"):
+        raise UsageError(f"{out}: output must end in .csv or .parquet")
+    mat = load_matrix(responses or [], metric) if keep_missing else _matrix(responses or [], metric)
+    write_wide(mat, out)
+    emit({"out": str(out), "models": len(mat.models), "items": len(mat.item_ids)})
+
+
 # ----------------------------------------------------------------------------------------------- bai-sim
 
 @app.command("bai-sim")
