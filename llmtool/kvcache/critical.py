@@ -86,7 +86,7 @@ class CriticalKVPress(Press):
             raise UsageError(f"--first-stage-ratio {self.first_stage_ratio}: must be in [0, 1]")
         if self.mode not in ("critical", "product", "norm"):
             raise UsageError(f"unknown critical mode {self.mode!r}; choose critical, product, norm")
-        self.budget, self.window_size = self.base.budget, self.base.window_size
+        self.budget, self.window_size, self.realise = self.base.budget, self.base.window_size, self.base.realise
         super().__post_init__()
 
     def score(self, module, hidden_states, keys, values, position_embeddings):

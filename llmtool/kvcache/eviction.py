@@ -64,6 +64,13 @@ def keep_from_mask(layer: EvictableLayer, keep: torch.Tensor) -> None:
     layer.keep(index, valid)
 
 
+def mask_from_keep(layer: EvictableLayer, keep: torch.Tensor) -> None:
+    """Masking realisation (spec 3.5 reference): keep every tensor, put ``-inf`` on the evicted
+    (head, position) logits for every later step. No memory saving; used to test gathering."""
+    layer.bias = torch.zeros(keep.shape, dtype=torch.float32, device=keep.device).masked_fill_(~keep, float("-inf"))
+    layer.compressed = True
+
+
 @dataclass
 class Press:
     """Base class. Subclasses implement :meth:`score` (``[B, H_kv, n]``, higher = keep) and may
@@ -71,6 +78,7 @@ class Press:
 
     budget: float = 1.0
     window_size: int = 32
+    realise: str = "gather"  # gather (real memory saving) | mask (reference, keeps all tensors)
     armed: bool = field(default=False, repr=False)
     stats: list = field(default_factory=list, repr=False)
 
@@ -105,7 +113,7 @@ class Press:
         keep = self.select(module, scores, keys, values, budgets)
         self.stats.append({"layer": module.layer_idx, "n": n, "kept": int(keep.sum()),
                            "heads": keep.shape[0] * keep.shape[1]})
-        keep_from_mask(layer, keep)
+        (mask_from_keep if self.realise == "mask" else keep_from_mask)(layer, keep)
 
     def _hook(self, module, args, kwargs, output):
         if not self.armed:
