@@ -3,9 +3,9 @@ with semantic similarity and perplexity, on the packaged default model.
 
 Setup (defaults, CPU-sized): generator = paraphraser = aux LM = SmolLM2-135M-Instruct (the only
 packaged model family; the spec's CPU plan uses SmolLM2-360M as rewriter, not available here);
-prompts = first 30 words of N = 12 Austen paragraphs (llmtool.evade.prompts), 80 new tokens, T 0.7,
+prompts = first 30 words of N = 10 Austen paragraphs (llmtool.evade.prompts), 80 new tokens, T 0.7,
 top-p 0.9, no-repeat-ngram 4; negatives for TPR@FPR thresholds = the human continuations of the
-same paragraphs (their next 80 words) scored by the same detector; attacks: none, vanilla
+same paragraphs (their next 80 words) scored by the same detector; schemes KGW, Unigram, EXP (DiPmark with --schemes ... dip); attacks: none, vanilla
 paraphrase (beta 0), BIRA (beta0 -4, eta 1, q 0), word deletion 0.3, embedding-neighbour synonym
 substitution 0.5, emoji attack. Similarity = all-MiniLM-L6-v2 cosine to the watermarked text;
 ppl = median per-text perplexity under the (unwatermarked) default model.
@@ -30,9 +30,9 @@ RESULTS = Path(__file__).resolve().parent / "results"
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", default="smollm2-135m")
-    ap.add_argument("--n", type=int, default=12)
+    ap.add_argument("--n", type=int, default=10)
     ap.add_argument("--max-new-tokens", type=int, default=80)
-    ap.add_argument("--schemes", nargs="+", default=["kgw", "unigram", "exp", "dip"])
+    ap.add_argument("--schemes", nargs="+", default=["kgw", "unigram", "exp"])
     ap.add_argument("--attacks", nargs="+", default=["none", "vanilla", "bira", "word-delete", "synonym", "emoji"])
     ap.add_argument("--beta0", type=float, default=-4.0)
     ap.add_argument("--percentile", type=float, default=0.0)
@@ -43,7 +43,6 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
 
-    from llmtool.core.console import markdown_table
     from llmtool.core.models import load_model, load_tokenizer, set_seed
     from llmtool.evade.attacks import ATTACKS, AttackContext
     from llmtool.evade.bira import BiraConfig
@@ -120,13 +119,23 @@ def main(argv=None) -> int:
                       f"auroc={m['auroc']:.2f} sim={rec['similarity']:.2f} ppl={rec['ppl_median']:.1f} "
                       f"({rec['seconds']:.0f}s)", file=sys.stderr)
 
-    # aggregate over seeds (mean; sd when more than one seed)
+            write_results(args, argv, records, t_start)
+    return 0
+
+
+def write_results(args, argv, records, t_start) -> None:
+    """Aggregate over seeds (mean; sd when more than one seed) and write JSON + markdown."""
+    from llmtool.core.console import markdown_table
+
+    done = [s for s in args.schemes if any(r["scheme"] == s for r in records)]
     rows = []
     keys = ["detect_rate", "asr", "tpr@fpr=0.01", "tpr@fpr=0.1", "auroc", "f1_best", "mean_score", "similarity",
             "ppl_median", "mean_tokens"]
-    for name in args.schemes:
+    for name in done:
         for attack in ["unwatermarked-gen"] + args.attacks:
             group = [r for r in records if r["scheme"] == name and r["attack"] == attack]
+            if not group:
+                continue
             row = {"scheme": name, "attack": attack}
             for k in keys:
                 vals = [g[k] for g in group]
@@ -143,7 +152,7 @@ def main(argv=None) -> int:
             "beta0": args.beta0, "eta": 1.0, "percentile": args.percentile, "negatives": "human Austen continuations",
             "fpr_note": f"with {args.n} negatives, FPR 1% and 10% thresholds are the "
                         f"{1 + int(0.01 * args.n)}-th and {1 + int(0.1 * args.n)}-th largest human score",
-            "seconds_total": time.time() - t_start, "torch_threads": args.threads}
+            "seconds_total": time.time() - t_start, "torch_threads": args.threads, "schemes_done": done}
     out.with_suffix(".json").write_text(json.dumps({"meta": meta, "summary": rows, "runs": records}, indent=2))
     cols = ["scheme", "attack", "detect_rate", "tpr@fpr=0.01", "tpr@fpr=0.1", "auroc", "mean_score", "similarity",
             "ppl_median", "degenerate_rate", "mean_attempts"]
@@ -157,7 +166,6 @@ def main(argv=None) -> int:
         f"mean_score: z (kgw/unigram/dip) or p-value (exp). Total {meta['seconds_total'] / 60:.1f} min.\n\n"
         + table + "\n")
     print(table)
-    return 0
 
 
 if __name__ == "__main__":

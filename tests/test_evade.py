@@ -307,3 +307,15 @@ def test_edits():
     assert 110 < len(kept) < 170 and kept == [w for w in text.split() if w in set(kept)]
     assert delete_words(text, 0.3, seed=1) == delete_words(text, 0.3, seed=1)
     assert strip_emoji("Hello \U0001F600 world \U0001F600, fine \u2764\ufe0f") == "Hello world, fine"
+
+
+def test_calibrate_beta_returns_first_degenerate_beta():
+    from llmtool.evade.bira import calibrate_beta
+
+    def stub(beta):  # the second text degenerates once beta <= -5
+        return [list(range(50)), [7] * 50 if beta <= -5 else list(range(50))]
+
+    beta0, curve = calibrate_beta(stub, [50, 50], [-1, -2, -3, -4, -5, -6])
+    assert beta0 == -5 and [c["beta"] for c in curve] == [-1, -2, -3, -4, -5]
+    assert curve[-1]["degenerate_rate"] == 0.5
+    assert calibrate_beta(lambda b: [list(range(50))], [50], [-1, -2])[0] is None

@@ -123,3 +123,15 @@ def test_error_is_one_line_without_traceback(tmp_path):
     assert proc.returncode == 2
     assert proc.stderr.strip().startswith("error:") and len(proc.stderr.strip().splitlines()) == 1
     assert "Traceback" not in proc.stderr
+
+
+def test_calibrate_beta_cli(tiny_llama_dir, tmp_path):
+    data = _write(tmp_path / "c.jsonl", [{"text": "The capital of France is Paris. The capital of Italy is Rome."}])
+    code, out, err = run_cli("--json", "evade", "calibrate-beta", data, "--paraphraser", tiny_llama_dir,
+                             "--from", "-2", "--to", "-4")
+    assert code == 0, err
+    res = json.loads(out)
+    assert [c["beta"] for c in res["curve"]][:1] == [-2.0]
+    assert res["beta0"] is None or res["beta0"] == res["curve"][-1]["beta"]
+    code, _, err = run_cli("evade", "calibrate-beta", data, "--paraphraser", tiny_llama_dir, "--from", "-5", "--to", "-1")
+    assert code == 2 and "--to" in err

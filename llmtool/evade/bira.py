@@ -165,3 +165,18 @@ def adaptive_attack(paraphrase: Callable[[list[int], list[float]], list[list[int
             betas[i] = min(0.0, betas[i] + config.eta)
         active = still
     return [r for r in results]  # type: ignore[misc]
+
+
+def calibrate_beta(paraphrase: Callable[[float], list[list[int]]], source_lengths: Sequence[int],
+                   betas: Sequence[float]) -> tuple[float | None, list[dict]]:
+    """beta0 calibration per rewriter: paraphrase the calibration texts at each beta (in the given
+    order, e.g. -1, -2, ..., -12) and return the first beta at which at least one output degenerates
+    (None if none does), with the degeneration rate of every beta tried (stops at the first hit)."""
+    curve = []
+    for beta in betas:
+        outs = paraphrase(float(beta))
+        flags = [is_degenerate(y, n) for y, n in zip(outs, source_lengths)]
+        curve.append({"beta": float(beta), "degenerate_rate": sum(flags) / max(1, len(flags))})
+        if any(flags):
+            return float(beta), curve
+    return None, curve

@@ -260,3 +260,59 @@ def quality(
     p_src, p_hyp = perplexity_of(m, tok, src), perplexity_of(m, tok, hyp)
     emit({"texts": len(rows), "similarity_mean": statistics.fmean(sims), "ppl_src_median": statistics.median(p_src),
           "ppl_hyp_median": statistics.median(p_hyp)})
+
+
+@app.command("prompts")
+def prompts(
+    output: OutFile,
+    n: Annotated[int, typer.Option("--n", min=1, help="Number of prompts.")] = 30,
+    prompt_words: Annotated[int, typer.Option(min=1, help="Words per prompt.")] = 30,
+    human_words: Annotated[int, typer.Option(min=1, help="Words of human continuation (negatives).")] = 120,
+    source: Annotated[str, typer.Option("--data", help="Packaged corpus or text file.")] = "austen-test",
+    overwrite: Overwrite = False,
+) -> None:
+    """Write the Austen-derived prompt set: {"id", "prompt", "human_text"} per line."""
+    from llmtool.core.data import write_jsonl
+    from llmtool.evade.prompts import austen_prompts
+
+    _check_out(output, overwrite)
+    rows = austen_prompts(n, prompt_words, human_words, OPTIONS.seed, source)
+    write_jsonl(output, rows)
+    emit({"output": str(output), "prompts": len(rows), "source": source})
+
+
+@app.command("calibrate-beta")
+def calibrate_beta_cmd(
+    data: Annotated[Path, typer.Argument(help="JSONL of (unwatermarked) calibration texts.")],
+    paraphraser: Annotated[str, typer.Option("--paraphraser", help="Rewriter LM.")] = "smollm2-135m",
+    field: Field = "text",
+    n: Annotated[int, typer.Option("--n", min=1, help="Texts used (the paper uses 50).")] = 50,
+    start: Annotated[float, typer.Option("--from", max=0.0, help="First beta tried.")] = -1.0,
+    stop: Annotated[float, typer.Option("--to", max=0.0, help="Last beta tried.")] = -12.0,
+    step: Annotated[float, typer.Option("--step", min=0.01, help="Spacing of the beta grid.")] = 1.0,
+    batch_size: BatchSize = 16,
+) -> None:
+    """Find BIRA's beta0 for a rewriter: the first beta (from --from down to --to) at which at least
+    one of the N paraphrases degenerates."""
+    from llmtool.core.data import read_jsonl
+    from llmtool.core.models import load_model, load_tokenizer, set_seed
+    from llmtool.evade.bira import calibrate_beta, suppression_set
+    from llmtool.evade.paraphrase import Paraphraser
+
+    if stop > start:
+        raise UsageError(f"--to {stop} must not be above --from {start}")
+    rows = read_jsonl(data)[:n]
+    texts = _texts(rows, data, field)
+    set_seed()
+    para = Paraphraser(load_model(paraphraser), load_tokenizer(paraphraser),
+                       _decode_config(150, 0.7, 0.9, 0, batch_size))
+    sets = [suppression_set(para.model, para.tokenizer, t) for t in texts]
+    lengths = [para.source_length(t) for t in texts]
+    grid, b = [], start
+    while b >= stop - 1e-9:
+        grid.append(round(b, 6))
+        b -= step
+    beta0, curve = calibrate_beta(lambda beta: para.rewrite_ids(texts, sets, [beta] * len(texts), seed=OPTIONS.seed),
+                                  lengths, grid)
+    emit({"paraphraser": paraphraser, "texts": len(texts), "beta0": beta0, "curve": curve}, rows=curve,
+         title=f"beta0 = {beta0}")
