@@ -82,8 +82,10 @@ if HAVE_TRITON:
         s = tl.load(scale_ptr + row).to(tl.float32)
         m = tl.load(min_ptr + row).to(tl.float32)
         offs = tl.arange(0, G // PER)
-        acc = tl.zeros((G // PER,), dtype=tl.int32)
-        for j in tl.static_range(PER):
+        x0 = tl.load(x_ptr + row * G + offs * PER).to(tl.float32)
+        q0 = tl.minimum(tl.maximum(tl.floor((x0 - m) / s + 0.5), 0.0), 2 ** BITS_ - 1.0)
+        acc = q0.to(tl.int32)
+        for j in tl.static_range(1, PER):
             xj = tl.load(x_ptr + row * G + offs * PER + j).to(tl.float32)
             q = tl.floor((xj - m) / s + 0.5)
             q = tl.minimum(tl.maximum(q, 0.0), 2 ** BITS_ - 1.0)
