@@ -63,6 +63,7 @@ def simulate_pairwise(n=800, slope_auto=0.8, slope_human=0.0, seed=0):
     return rows
 
 
+@pytest.mark.slow   # NUTS compile + sampling: ~15 s on an idle 2-core CPU, over a minute when it is shared
 def test_length_bias_recovered_and_constraints_hold():
     # small run for the fast suite (2 chains x 200 draws); the spec's 800-row version runs in the slow suite
     rows = simulate_pairwise(n=500, slope_auto=1.0)
