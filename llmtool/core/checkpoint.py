@@ -181,6 +181,7 @@ def atomic_output(out: Path, overwrite: bool = False) -> Iterator[Path]:
         raise UsageError(f"{out}: already exists (pass --overwrite to replace it)")
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
+    tmp.chmod(0o755)  # mkdtemp makes it 0700; the output is an ordinary directory
     try:
         yield tmp
         if out.exists():
@@ -204,6 +205,7 @@ def atomic_file(out: Path, overwrite: bool = True) -> Iterator[Path]:
     out.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{out.name}.tmp-", dir=out.parent)
     os.close(fd)
+    os.chmod(tmp, 0o644)
     try:
         yield Path(tmp)
         os.replace(tmp, out)
