@@ -14,7 +14,6 @@ import argparse
 import copy
 import json
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -29,10 +28,10 @@ def main(argv=None) -> None:
     p.add_argument("--model", default="smollm2-135m")
     p.add_argument("--calib-data", default="austen-train")
     p.add_argument("--eval-data", default="austen-test")
-    p.add_argument("--calib-samples", type=int, default=8)
+    p.add_argument("--calib-samples", type=int, default=4)
     p.add_argument("--calib-seqlen", type=int, default=256)
-    p.add_argument("--train-steps", type=int, default=4)
-    p.add_argument("--train-seqlen", type=int, default=128)
+    p.add_argument("--train-steps", type=int, default=2)
+    p.add_argument("--train-seqlen", type=int, default=64)
     p.add_argument("--seqlen", type=int, default=512)
     p.add_argument("--max-tokens", type=int, default=1024)
     p.add_argument("--settings", default="4-4,3-3", help="comma list of W-A bit pairs")
@@ -53,7 +52,7 @@ def main(argv=None) -> None:
     from llmtool.quantize import register_all
     from llmtool.quantize.api import (_replace_linears, enable_activation_quant, install_low_rank_transitions,
                                       quantize_weights, round_storage)
-    from llmtool.quantize.formats import quant_block, save_quantized
+    from llmtool.quantize.formats import quant_block, storage_tensors
     from llmtool.quantize.runner import make_config
     from llmtool.quantize import respinquant as rsq
     from llmtool.quantize import rotations as R
@@ -72,9 +71,15 @@ def main(argv=None) -> None:
         return perplexity(m, ids, seqlen=args.seqlen, max_tokens=args.max_tokens).ppl
 
     def size_of(m, cfg, rotated, rank):
-        with tempfile.TemporaryDirectory() as d:
-            save_quantized(m, Path(d), src, quant_block(cfg, rotated, rank, m.config))
-            return dir_size_bytes(Path(d))
+        """Bytes of the tensors the checkpoint stores (safetensors adds only a small JSON header)."""
+        tensors = storage_tensors(m, quant_block(cfg, rotated, rank, m.config))
+        seen, total = set(), 0
+        for t in tensors.values():
+            key = (t.untyped_storage().data_ptr(), t.storage_offset(), tuple(t.shape))
+            if key not in seen:
+                seen.add(key)
+                total += t.numel() * t.element_size()
+        return total
 
     rows = []
     t0 = time.perf_counter()

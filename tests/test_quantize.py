@@ -2,6 +2,12 @@
 format round trip, no-op at 16 bits, and CLI errors (tiny random Llama from conftest)."""
 from __future__ import annotations
 
+import os
+
+# triton fixes interpreter mode when a kernel is decorated; this module imports the kernels too, so
+# set it here as well (CPU dispatch never uses triton, so this changes nothing for these tests).
+os.environ["TRITON_INTERPRET"] = "1"
+
 import copy
 import json
 
@@ -151,7 +157,7 @@ def test_cayley_sgd_stays_orthogonal_and_descends():
         q.grad = None
         loss.backward()
         opt.step()
-    assert float(((q[0] - target) ** 2).sum()) < 0.5 * first
+    assert float(((q[0] - target) ** 2).sum().detach()) < 0.5 * first
 
 
 def test_gptq_beats_rtn_on_synthetic_layer():
@@ -213,7 +219,7 @@ def test_quantized_model_differs_and_uses_packed_ints():
 
 def test_respinquant_training_changes_rotations_and_keeps_them_orthogonal():
     model = build_tiny_llama(VOCAB, seed=0)
-    cfg = ReSpinQuantConfig(w_bits=4, a_bits=4, train_steps=3, train_seqlen=16, rank=8)
+    cfg = ReSpinQuantConfig(w_bits=4, a_bits=4, train_steps=2, train_seqlen=16, rank=8)
     m = copy.deepcopy(model)
     rep = quantize_(m, cfg, _ids(4, 32, 2))
     rot = rep["rotations"]
@@ -222,7 +228,7 @@ def test_respinquant_training_changes_rotations_and_keeps_them_orthogonal():
     assert (rot.R1[0].detach() - hadamard_matrix(64, torch.float32)).abs().max() > 1e-4
     eye = torch.eye(64)
     assert (rot.R2[1].detach().T @ rot.R2[1].detach() - eye).abs().max() < 1e-4
-    assert len(rep["train_losses"]) == 3
+    assert len(rep["train_losses"]) == 2
 
 
 def test_cli_roundtrip_reload_bit_exact(tiny_llama_dir, tiny_text_file, tmp_path):
@@ -307,3 +313,29 @@ def test_cli_unsupported_architecture_exit_2_no_traceback(tmp_path, tiny_llama_d
     (bad / "config.json").write_text(json.dumps(cfg))
     code, _, err = run_cli("quantize", bad, tmp_path / "o2")
     assert code == 2 and "unsupported architecture" in err
+
+
+def test_kv_cache_quantization_error_grows_as_bits_shrink():
+    model = build_tiny_llama(VOCAB, seed=0)
+    x = _ids()
+    ref = model(input_ids=x).logits
+    errs = {}
+    for kv in (16, 8, 4):
+        m = copy.deepcopy(model)
+        quantize_(m, QuaRotConfig(w_bits=16, a_bits=16, kv_bits=kv), None)
+        errs[kv] = float((m(input_ids=x).logits - ref).abs().max().detach())
+    assert errs[16] < 1e-4 < errs[8] < errs[4]
+
+
+@pytest.mark.slow
+def test_global_rotation_fusion_fp32_on_smollm2(smollm2_dir):
+    """QuaRot rotation of the real model at 16 bits: fp32 logits unchanged (max |Δ| < 1e-3 on logits of
+    magnitude ~10-30; relative 1e-4)."""
+    from llmtool.core.models import load_model
+
+    model = load_model(smollm2_dir)
+    x = torch.randint(0, 49152, (1, 32), generator=torch.Generator().manual_seed(0))
+    ref = model(input_ids=x).logits
+    quantize_(model, QuaRotConfig(w_bits=16, a_bits=16), None)
+    out = model(input_ids=x).logits
+    assert ((out - ref).abs().max() / ref.abs().max()) < 1e-4

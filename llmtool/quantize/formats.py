@@ -47,11 +47,8 @@ def quant_block(cfg, rotated: bool, rank: int | None, model_config) -> dict:
     }
 
 
-def save_quantized(model, out_dir: Path, source_dir: Path, block: dict) -> None:
-    out_dir = Path(out_dir)
-    config = json.loads((Path(source_dir) / "config.json").read_text())
-    config["tie_word_embeddings"] = bool(model.config.tie_word_embeddings)
-    config[KEY] = block
+def storage_tensors(model, block: dict) -> dict[str, torch.Tensor]:
+    """The tensors written to model.safetensors, in their stored dtypes."""
     quantized = block["weights"]["bits"] < 16
     tensors = {}
     for name, t in model.state_dict().items():
@@ -63,9 +60,17 @@ def save_quantized(model, out_dir: Path, source_dir: Path, block: dict) -> None:
             elif quantized:
                 t = t.float()
         tensors[name] = t
-    if config["tie_word_embeddings"]:
+    if model.config.tie_word_embeddings:
         tensors.pop("lm_head.weight", None)
-    save_state_dict(tensors, out_dir)
+    return tensors
+
+
+def save_quantized(model, out_dir: Path, source_dir: Path, block: dict) -> None:
+    out_dir = Path(out_dir)
+    config = json.loads((Path(source_dir) / "config.json").read_text())
+    config["tie_word_embeddings"] = bool(model.config.tie_word_embeddings)
+    config[KEY] = block
+    save_state_dict(storage_tensors(model, block), out_dir)
     (out_dir / "config.json").write_text(json.dumps(config, indent=2))
     copy_tokenizer(source_dir, out_dir)
 
