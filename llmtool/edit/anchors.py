@@ -142,9 +142,9 @@ def forward_replay(model, tok, requests: list[EditRequest], z_first: torch.Tenso
     prompt) in the unedited model; return {layer: [n, d_model]} read at the same token."""
     device = next(model.parameters()).device
     batch, pos = bare_batch(tok, requests, device)
-    z_first = z_first.to(device)
+    z_first = z_first.to(device, next(model.parameters()).dtype)
     with edit_layer_output(model, layers[0], lambda h: scatter_at(h, pos, z_first, add=False)):
         got = capture_at(model, batch, pos, list(layers[1:]), "out") if len(layers) > 1 else {}
-    targets = {layers[0]: z_first.float()}
-    targets.update({l: v.float() for l, v in got.items()})
+    targets = {layers[0]: z_first}
+    targets.update(got)
     return targets

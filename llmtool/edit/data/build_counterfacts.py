@@ -109,6 +109,8 @@ def main() -> None:
         prompt = rw["prompt"].replace("{}", rw["subject"])
         nll_true = target_nll(model, tok, [prompt], rw["target_true"]["str"])[0]
         nll_new = target_nll(model, tok, [prompt], rw["target_new"]["str"])[0]
+        print(rw["subject"], rw["target_true"]["str"], round(nll_true, 2), rw["target_new"]["str"], round(nll_new, 2),
+              flush=True)
         if nll_true < nll_new:
             row["case_id"] = len(kept)
             kept.append(row)
