@@ -39,6 +39,8 @@ def main(argv=None) -> None:
     p.add_argument("--ranks", default="0,32,D", help="ReSpinQuant ranks to fuse at the first setting (D = hidden)")
     p.add_argument("--ranks-other", default="32", help="ReSpinQuant ranks at the other settings")
     p.add_argument("--methods-other", default="rtn,quarot,respinquant", help="methods at the other settings")
+    p.add_argument("--w-clip", action="store_true", help="per-channel clip search for weights (CLI default; "
+                   "off here to fit the CPU time budget)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--out", default=str(ROOT / "benchmarks" / "results"))
@@ -94,7 +96,7 @@ def main(argv=None) -> None:
         ranks_here = ranks if k == 0 else ranks_other
         for method in (args.methods if k == 0 else args.methods_other).split(","):
             cfg = make_config(method, w_bits=w_bits, a_bits=a_bits, train_steps=args.train_steps,
-                              train_seqlen=args.train_seqlen, seed=args.seed)
+                              train_seqlen=args.train_seqlen, seed=args.seed, w_clip=args.w_clip)
             if method != "respinquant":
                 m = copy.deepcopy(base)
                 from llmtool.quantize.api import quantize_
@@ -143,7 +145,8 @@ def main(argv=None) -> None:
     cmd = "python benchmarks/quantize.py " + " ".join(argv if argv is not None else sys.argv[1:])
     md = (f"# quantize benchmark\n\nModel {args.model}, eval {args.eval_data} first {args.max_tokens} tokens at "
           f"seqlen {args.seqlen}; calibration {args.calib_samples}x{args.calib_seqlen} of {args.calib_data}; "
-          f"rotation training {args.train_steps} steps x 1 x {args.train_seqlen}; KV16; seed {args.seed}. "
+          f"rotation training {args.train_steps} steps x 1 x {args.train_seqlen}; KV16; weight clip search "
+          f"{'on' if args.w_clip else 'off'}; seed {args.seed}. "
           f"Peak RSS {record['peak_rss_mb']:.0f} MB, total {total:.0f} s.\n\n"
           f"Command: `{cmd.strip()}`\n\n" + markdown_table(rows, cols) + "\n")
     (out / "quantize.md").write_text(md)

@@ -5,7 +5,7 @@ from pathlib import Path
 
 import typer
 
-from llmtool.core.console import OPTIONS, UsageError, emit, info
+from llmtool.core.console import UsageError, emit, info
 from llmtool.core.options import CalibData, CalibSamples, CalibSeqlen, EvalData, MaxTokens, ModelArg, OutDirArg, \
     Overwrite, Seqlen
 
@@ -54,4 +54,3 @@ def quantize(
     )
     emit(result, title=f"quantize {method} W{w_bits}A{a_bits}KV{kv_bits}")
     info(f"wrote {result['out']}")
-    _ = OPTIONS

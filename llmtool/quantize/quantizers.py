@@ -3,7 +3,7 @@
 * Weights: per-output-channel symmetric b-bit, signed range [−2^(b−1), 2^(b−1) − 1] stored as unsigned
   codes ``q + 2^(b−1)``; scale ``= c · max|w_row| / (2^(b−1) − 1)`` rounded to fp16 (the stored dtype),
   where the clip ratio ``c`` is 1 or, with ``w_clip``, the per-row grid-search minimiser of the
-  reconstruction MSE over c ∈ {1.00, 0.99, ..., 0.50} (GPTQ/QuaRot-style ``mse`` search).
+  reconstruction MSE over c ∈ {1.00, 0.95, ..., 0.50} (GPTQ/QuaRot-style ``mse`` search).
 * Activations: dynamic per-token quantization from :mod:`kernels.quant` (asymmetric by default).
 * ``*_ste`` variants are the straight-through fake quantizers used while learning rotations
   (round() has gradient 1; scales are differentiable functions of the tensor).
@@ -21,7 +21,7 @@ def weight_zero(bits: int) -> int:
     return 2 ** (bits - 1)
 
 
-def weight_scale(w: torch.Tensor, bits: int, clip: bool = False, grid: int = 50, min_ratio: float = 0.5) -> torch.Tensor:
+def weight_scale(w: torch.Tensor, bits: int, clip: bool = False, grid: int = 20, min_ratio: float = 0.5) -> torch.Tensor:
     """Per-row symmetric scale [out, 1] (fp16-representable float32), optionally clip-searched."""
     maxq = 2 ** (bits - 1) - 1
     w = w.float()
