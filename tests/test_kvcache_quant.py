@@ -157,3 +157,29 @@ def test_decode_nll_full_vs_quantized(tiny, ids):
     assert n == 90 and math.isclose(full, ref, rel_tol=1e-5)
     q2, _, st = decode_nll(tiny, ids[0], 60, KVSpec(quant="kivi", bits=2, group_size=16, residual_length=32))
     assert q2 != full and st.kv_bytes < st.full_kv_bytes
+
+
+@pytest.mark.parametrize("spec", [KVSpec(quant="kivi", bits=2, group_size=16, residual_length=32),
+                                  KVSpec(quant="patternkv", bits=2, group_size=16, residual_length=32, k_patterns=8,
+                                         v_patterns=8),
+                                  KVSpec(evict="adakv", budget=0.3, critical=True, window_size=8)])
+def test_chunked_teacher_forcing_equals_token_by_token(tiny, ids, spec):
+    one, n1, _ = decode_nll(tiny, ids[0, :128], 64, spec, chunk=1)
+    many, n2, _ = decode_nll(tiny, ids[0, :128], 64, spec, chunk=None)
+    assert n1 == n2 == 64
+    assert math.isclose(one, many, rel_tol=1e-5)
+
+
+@pytest.mark.parametrize("spec", [KVSpec(quant="patternkv", bits=2, group_size=16, residual_length=32, k_patterns=8,
+                                         v_patterns=8),
+                                  KVSpec(evict="pyramidkv", budget=0.3, critical=True, window_size=8)])
+def test_shared_prefill_path_equals_direct_path(tiny, ids, spec):
+    from llmtool.kvcache.pipeline import cache_from_prefill, capture_prefill, continue_nll, exact_chunk
+
+    direct, n, _ = decode_nll(tiny, ids[0, :128], 64, spec, chunk=None)
+    state = capture_prefill(tiny, ids[:, :64])
+    with torch.no_grad():
+        first = tiny(input_ids=ids[:, :64]).logits[:, -1]
+    cache = cache_from_prefill(tiny, state, spec)
+    shared, n2, _ = continue_nll(tiny, cache, ids[0, 64:128], first, exact_chunk(spec, 64, 64))
+    assert n == n2 and math.isclose(direct, shared, rel_tol=1e-5)

@@ -101,7 +101,8 @@ def generate_cmd(
 
 
 def evaluate_spec(m, tok, spec, task: str, length: int, samples: int, seed: int, data: str, prefix: int,
-                  continuation: int, compress_question: bool = False, max_new_tokens: int = 24) -> dict:
+                  continuation: int, compress_question: bool = False, max_new_tokens: int = 24,
+                  filler: str = "austen-train") -> dict:
     """One evaluation (task accuracy or decode perplexity) of ``spec``; shared with the benchmark."""
     import math
 
@@ -117,7 +118,7 @@ def evaluate_spec(m, tok, spec, task: str, length: int, samples: int, seed: int,
             raise UsageError(f"{data}: {ids.numel()} tokens, need {span * samples} for --samples {samples}")
         nll, count = 0.0, 0
         for i in progress(range(samples), "decode ppl"):
-            a, c, st = decode_nll(m, ids[i * span:(i + 1) * span], prefix, spec)
+            a, c, st = decode_nll(m, ids[i * span:(i + 1) * span], prefix, spec, chunk=None)
             nll, count = nll + a, count + c
             kv, full, dec_tok, dec_s = kv + st.kv_bytes, full + st.full_kv_bytes, dec_tok + st.decode_tokens, \
                 dec_s + st.decode_seconds
@@ -127,7 +128,7 @@ def evaluate_spec(m, tok, spec, task: str, length: int, samples: int, seed: int,
         per_task = {}
         for name in names:
             total = 0.0
-            for s in progress(tasks_mod.make_samples(name, tok, length, samples, seed), name):
+            for s in progress(tasks_mod.make_samples(name, tok, length, samples, seed, filler), name):
                 ctx = tokenize(tok, s.context)[None]
                 q = tokenize(tok, "\n\n" + s.question)[None]
                 ids, st, _ = generate(m, ctx, q, spec, max_new_tokens, eos_token_id=tok.eos_token_id,
@@ -150,6 +151,8 @@ def evaluate_cmd(
     length: Annotated[int, typer.Option("--length", help="Context length in tokens for synthetic tasks.")] = 1024,
     samples: Annotated[int, typer.Option("--samples", help="Samples per task (ppl: sequences).")] = 10,
     data: EvalData = "austen-test",
+    filler: Annotated[str, typer.Option("--filler", help="Synthetic tasks: corpus (name or file) for the "
+                                        "haystack text.")] = "austen-train",
     prefix: Annotated[int, typer.Option("--prefix", help="ppl: prefill tokens (compressed).")] = 512,
     continuation: Annotated[int, typer.Option("--continuation", help="ppl: teacher-forced decode tokens.")] = 256,
     evict: Evict = "none", critical: Critical = False, budget: Budget = 1.0, window_size: Window = 32,
@@ -172,7 +175,7 @@ def evaluate_cmd(
         raise UsageError(f"--length {length}: must be at least 64 tokens")
     m, tok = _load(model)
     result = evaluate_spec(m, tok, spec, task, length, samples, OPTIONS.seed, data, prefix, continuation,
-                           compress_question)
+                           compress_question, filler=filler)
     result = {"model": str(model), "task": task, "length": length if task != "ppl" else prefix + continuation,
               "protocol": "question-aware" if compress_question else "question-agnostic", **result}
     emit(result, title=f"kvcache evaluate {task}")

@@ -52,6 +52,7 @@ class KVSpec:
 
 
 def validate(spec: KVSpec) -> KVSpec:
+    from llmtool.kvcache import adakv, pyramidkv, snapkv, streamingllm  # noqa: F401  (register presses)
     from llmtool.kvcache.eviction import PRESSES, check_budget
     from llmtool.kvcache.kivi import check_quant_args
 
@@ -188,14 +189,27 @@ def generate(model, context_ids: torch.Tensor, question_ids: torch.Tensor | None
     return tokens, stats, logits_out
 
 
+def exact_chunk(spec: KVSpec, prefix: int, continuation: int) -> int:
+    """Largest teacher-forcing chunk that gives *exactly* the token-by-token result: new tokens are
+    never evicted, so eviction/full caches take the whole continuation at once; quantized caches
+    flush whole windows of R tokens, so with the prefix a multiple of R a chunk of R tokens sees the
+    same quantized history + exact window as one-token steps would."""
+    if spec.quant == "none":
+        return continuation
+    return spec.residual_length if prefix % spec.residual_length == 0 else 1
+
+
 @torch.no_grad()
-def decode_nll(model, ids: torch.Tensor, prefix: int, spec: KVSpec) -> tuple[float, int, RunStats]:
-    """Prefill ``ids[:prefix]`` (compressing it), then teacher-force the rest one token at a time
-    through the compressed cache. Returns (total NLL of the continuation, its token count, stats)."""
+def decode_nll(model, ids: torch.Tensor, prefix: int, spec: KVSpec, chunk: int | None = 1) -> tuple[float, int, RunStats]:
+    """Prefill ``ids[:prefix]`` (compressing it), then teacher-force the rest through the compressed
+    cache, ``chunk`` tokens per forward (1 = token by token; None = :func:`exact_chunk`).
+    Returns (total NLL of the continuation, its token count, stats)."""
     if ids.numel() <= prefix + 1:
         raise UsageError(f"need more than {prefix + 1} tokens for decode perplexity, got {ids.numel()}")
     dev = _device(model)
     ids = ids.to(dev).view(1, -1)
+    total = ids.shape[-1]
+    chunk = chunk or exact_chunk(spec, prefix, total - prefix)
     cache = build_cache(model, spec)
     press = build_press(spec)
     stats = RunStats(context_tokens=prefix)
@@ -209,15 +223,19 @@ def decode_nll(model, ids: torch.Tensor, prefix: int, spec: KVSpec) -> tuple[flo
             press.armed = False
         stats.prefill_seconds = time.perf_counter() - t0
         t0 = time.perf_counter()
-        logits = out.logits[:, -1]
-        for pos in range(prefix, ids.shape[-1]):
-            target = ids[:, pos]
-            nll -= torch.log_softmax(logits.float(), -1)[0, target].item()
-            count += 1
-            if pos + 1 == ids.shape[-1]:
+        logits = out.logits[:, -1:]
+        pos = prefix
+        while pos < total:
+            targets = ids[:, pos:pos + logits.shape[1]]
+            logp = torch.log_softmax(logits.float(), -1)
+            nll -= logp.gather(-1, targets[..., None]).sum().item()
+            count += targets.shape[-1]
+            pos += targets.shape[-1]
+            if pos >= total:
                 break
-            logits = model(input_ids=ids[:, pos:pos + 1], cache=cache, use_cache=True).logits[:, -1]
-            stats.decode_tokens += 1
+            step = ids[:, pos - 1:min(pos - 1 + chunk, total - 1)]
+            logits = model(input_ids=step, cache=cache, use_cache=True).logits
+            stats.decode_tokens += step.shape[-1]
         stats.decode_seconds = time.perf_counter() - t0
     stats.kv_bytes = cache.held_bytes()
     stats.full_kv_bytes = full_cache_bytes(model, cache.get_seq_length())
@@ -230,3 +248,78 @@ def ppl(nll: float, count: int) -> float:
 
 __all__ = ["KVSpec", "validate", "build_press", "build_cache", "generate", "decode_nll", "RunStats",
            "EvictableLayer"]
+
+
+@dataclass
+class PrefillState:
+    """What one uncompressed prefill leaves behind, so many compression settings can be compared on
+    the same prefix without re-running it (compression after prefill only affects later tokens)."""
+
+    keys: list
+    values: list
+    hidden: list
+    position_embeddings: tuple
+    tokens: int
+
+
+@torch.no_grad()
+def capture_prefill(model, ids: torch.Tensor) -> PrefillState:
+    from llmtool.kvcache.cache import attention_modules
+
+    mods = attention_modules(model)
+    hidden = [None] * len(mods)
+    pos = {}
+
+    def hook(module, args, kwargs):
+        hidden[module.layer_idx] = kwargs.get("hidden_states", args[0] if args else None)
+        pos["pe"] = kwargs["position_embeddings"]
+
+    handles = [m.register_forward_pre_hook(hook, with_kwargs=True) for m in mods]
+    cache = KVCache.full(num_layers_of(model))
+    try:
+        with attach(model):
+            model(input_ids=ids.to(_device(model)), cache=cache, use_cache=True)
+    finally:
+        for h in handles:
+            h.remove()
+    return PrefillState([l.keys for l in cache.layers], [l.values for l in cache.layers], hidden, pos["pe"],
+                        ids.shape[-1])
+
+
+@torch.no_grad()
+def cache_from_prefill(model, state: PrefillState, spec: KVSpec) -> KVCache:
+    """The cache ``spec`` would hold right after prefilling ``state``'s tokens."""
+    from llmtool.kvcache.cache import attention_modules
+
+    cache = build_cache(model, spec)
+    press = build_press(spec)
+    mods = attention_modules(model)
+    for i, layer in enumerate(cache.layers):
+        layer.update(state.keys[i].clone(), state.values[i].clone())
+        if press is not None:
+            press.compress(mods[i], state.hidden[i], layer, state.position_embeddings)
+    return cache
+
+
+@torch.no_grad()
+def continue_nll(model, cache: KVCache, ids: torch.Tensor, prefix_logits: torch.Tensor, chunk: int,
+                 speed_steps: int = 0) -> tuple[float, int, float]:
+    """Teacher-forced NLL of ``ids`` (the continuation) after a prefilled ``cache``; optional
+    greedy single-token steps afterwards to time decoding. Returns (nll, tokens, decode tok/s)."""
+    dev = _device(model)
+    ids = ids.to(dev).view(1, -1)
+    nll = -torch.log_softmax(prefix_logits.float(), -1)[0, ids[0, 0]].item()
+    rate = float("nan")
+    with attach(model):
+        for start in range(0, ids.shape[-1] - 1, chunk):
+            step = ids[:, start:min(start + chunk, ids.shape[-1] - 1)]
+            logits = model(input_ids=step, cache=cache, use_cache=True).logits[0]
+            targets = ids[0, start + 1:start + 1 + step.shape[-1]]
+            nll -= torch.log_softmax(logits.float(), -1).gather(-1, targets[:, None]).sum().item()
+        if speed_steps:
+            nxt = logits[-1:].argmax(-1).view(1, 1)
+            t0 = time.perf_counter()
+            for _ in range(speed_steps):
+                nxt = model(input_ids=nxt, cache=cache, use_cache=True).logits[:, -1:].argmax(-1)
+            rate = speed_steps / (time.perf_counter() - t0)
+    return nll, ids.shape[-1], rate
