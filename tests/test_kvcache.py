@@ -26,18 +26,24 @@ def prompt():
     return torch.randint(1, 320, (1, 200), generator=g), torch.randint(1, 320, (1, 6), generator=g)
 
 
+@pytest.fixture(scope="module")
+def baseline(tiny, prompt):
+    return _logits(tiny, *prompt, KVSpec())
+
+
 def _logits(model, ctx, q, spec, steps=20, **kw):
     toks, stats, logits = generate(model, ctx, q, spec, max_new_tokens=steps, return_logits=True, **kw)
     return toks, stats, torch.stack([x[0] for x in logits])
 
 
 # --- 1. no-op -------------------------------------------------------------------------------------
-@pytest.mark.parametrize("evict,crit", [("snapkv", False), ("pyramidkv", False), ("adakv", False),
-                                        ("snapkv", True), ("adakv", True), ("streamingllm", False)])
-def test_full_budget_is_exact_noop(tiny, prompt, evict, crit):
+@pytest.mark.parametrize("evict,crit", [("pyramidkv", False), ("snapkv", True), ("adakv", True),
+                                        ("streamingllm", False)])
+def test_full_budget_is_exact_noop(tiny, prompt, baseline, evict, crit):
     ctx, q = prompt
-    base_toks, _, base = _logits(tiny, ctx, q, KVSpec())
+    base_toks, _, base = baseline
     toks, stats, got = _logits(tiny, ctx, q, KVSpec(evict=evict, critical=crit, budget=1.0))
+    assert len(toks) == 20
     assert toks == base_toks
     assert torch.equal(got, base)
     assert stats.kv_bytes == stats.full_kv_bytes
@@ -183,7 +189,7 @@ def test_projected_value_norms_loop_equals_einsum():
 
 
 # --- 7. masking == gathering ---------------------------------------------------------------------------
-@pytest.mark.parametrize("evict,crit", [("snapkv", False), ("snapkv", True), ("pyramidkv", False)])
+@pytest.mark.parametrize("evict,crit", [("snapkv", True), ("pyramidkv", False)])
 def test_masking_equals_gathering(tiny, prompt, evict, crit, monkeypatch):
     ctx, q = prompt
     spec = KVSpec(evict=evict, critical=crit, budget=0.3)

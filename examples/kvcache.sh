@@ -1,0 +1,25 @@
+#!/usr/bin/env bash
+# llmtool kvcache on the packaged default model: eviction (with/without CriticalKV) and KV quantization.
+set -euo pipefail
+MODEL=${MODEL:-smollm2-135m}
+TMP=$(mktemp -d)
+trap 'rm -rf "$TMP"' EXIT
+
+python - "$TMP/prompts.jsonl" <<'PY'
+import json, sys
+ctx = ("Mr. Bennet was so odd a mixture of quick parts, sarcastic humour, reserve, and caprice. " * 20
+       + "The special magic number for copper is: 4817263. " + "Her mind was less difficult to develop. " * 20)
+with open(sys.argv[1], "w") as fh:
+    fh.write(json.dumps({"context": ctx, "question": "\n\nThe special magic number for copper is:"}) + "\n")
+PY
+
+# greedy generation, 20 % cache, SnapKV vs SnapKV + CriticalKV (question-agnostic protocol)
+llmtool kvcache generate "$MODEL" --prompts "$TMP/prompts.jsonl" --max-new-tokens 8 --evict snapkv --budget 0.2
+llmtool kvcache generate "$MODEL" --prompts "$TMP/prompts.jsonl" --max-new-tokens 8 --evict snapkv --budget 0.2 --critical
+# 2-bit KIVI vs PatternKV
+llmtool kvcache generate "$MODEL" --prompts "$TMP/prompts.jsonl" --max-new-tokens 8 --quant kivi --bits 2
+llmtool kvcache generate "$MODEL" --prompts "$TMP/prompts.jsonl" --max-new-tokens 8 --quant patternkv --bits 2
+
+# RULER-style needle retrieval at 512 tokens and decode perplexity on real text
+llmtool kvcache evaluate "$MODEL" --task niah_single --length 512 --samples 2 --evict adakv --budget 0.2 --critical
+llmtool --json kvcache evaluate "$MODEL" --task ppl --prefix 512 --continuation 128 --samples 1 --quant patternkv --bits 2
