@@ -5,6 +5,11 @@ Writes benchmarks/results/quantize.json and benchmarks/results/quantize.md. Defa
 shortened CPU recipe (see docs/quantize.md); flags give bigger runs, e.g.
 ``--train-steps 100 --train-seqlen 2048 --calib-samples 128 --calib-seqlen 2048 --max-tokens 65536``.
 
+The committed table was produced in two parts run side by side (W4A4 and W3A3) and merged:
+``python benchmarks/quantize.py --settings 4-4 --tag quantize-w4a4``,
+``python benchmarks/quantize.py --settings 3-3 --methods rtn,quarot,respinquant --ranks 32 --skip-fp --tag quantize-w3a3``,
+``python benchmarks/quantize.py --merge benchmarks/results/quantize-w4a4.json benchmarks/results/quantize-w3a3.json``.
+
 ReSpinQuant's rank ablation re-uses one set of learned rotations: the rotations are learned once per
 bit setting, then fused with each rank (0, 32, D) and GPTQ-quantized separately.
 """
@@ -41,8 +46,14 @@ def main(argv=None) -> None:
     p.add_argument("--methods-other", default="rtn,quarot,respinquant", help="methods at the other settings")
     p.add_argument("--w-clip", action="store_true", help="per-channel clip search for weights (CLI default; "
                    "off here to fit the CPU time budget)")
+    p.add_argument("--weight-algorithm", default="rtn", choices=["rtn", "gptq"],
+                   help="weight quantizer for every method (the paper: gptq; default rtn to fit the CPU budget)")
+    p.add_argument("--tag", default="quantize", help="results file stem (benchmarks/results/<tag>.json/.md)")
+    p.add_argument("--merge", nargs="*", default=None,
+                   help="only merge these result JSONs (in order) into benchmarks/results/quantize.json/.md")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--skip-fp", action="store_true", help="do not evaluate the unquantized model")
     p.add_argument("--out", default=str(ROOT / "benchmarks" / "results"))
     args = p.parse_args(argv)
     torch.set_num_threads(args.threads)
@@ -60,6 +71,32 @@ def main(argv=None) -> None:
     from llmtool.quantize import rotations as R
     from llmtool.core.checkpoint import dir_size_bytes
 
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    cols = ["method", "bits", "ppl", "quant_s", "size_MB", "transition_err", "train_ce_first_last"]
+
+    def write(record, name):
+        (out / f"{name}.json").write_text(json.dumps(record, indent=2))
+        a = record["args"]
+        md = (f"# quantize benchmark\n\nModel {a['model']}, eval {a['eval_data']} first {a['max_tokens']} tokens at "
+              f"seqlen {a['seqlen']}; calibration {a['calib_samples']}x{a['calib_seqlen']} of {a['calib_data']}; "
+              f"rotation training {a['train_steps']} steps x 1 x {a['train_seqlen']}; KV16; weights "
+              f"{a['weight_algorithm']}, clip search {'on' if a['w_clip'] else 'off'}; seed {a['seed']}. "
+              f"Peak RSS {record['peak_rss_mb']:.0f} MB, total {record['total_seconds']:.0f} s.\n\n"
+              f"Command(s): {'; '.join('`' + c + '`' for c in record['commands'])}\n\n"
+              + markdown_table(record["rows"], cols) + "\n")
+        (out / f"{name}.md").write_text(md)
+        return md
+
+    if args.merge is not None:
+        recs = [json.loads(Path(f).read_text()) for f in args.merge]
+        merged = {"args": recs[0]["args"], "rows": [r for rec in recs for r in rec["rows"]],
+                  "total_seconds": sum(r["total_seconds"] for r in recs),
+                  "peak_rss_mb": max(r["peak_rss_mb"] for r in recs),
+                  "commands": [c for r in recs for c in r["commands"]], "parts": [r["args"] for r in recs]}
+        print(write(merged, "quantize"))
+        return
+    cmd = "python benchmarks/quantize.py " + " ".join(argv if argv is not None else sys.argv[1:])
     register_all()
     set_seed(args.seed)
     src = resolve_model(args.model)
@@ -85,9 +122,17 @@ def main(argv=None) -> None:
 
     rows = []
     t0 = time.perf_counter()
-    fp_ppl = ppl(base)
-    rows.append({"method": "fp32", "bits": "W16A16", "ppl": fp_ppl, "quant_s": 0.0, "size_MB": dir_size_bytes(src) / 1e6})
-    print(rows[-1], flush=True)
+
+    def checkpoint_rows():
+        record = {"args": vars(args), "rows": rows, "total_seconds": time.perf_counter() - t0,
+                  "peak_rss_mb": peak_rss_mb(), "torch_threads": torch.get_num_threads(), "commands": [cmd.strip()]}
+        print(rows[-1], flush=True)
+        return write(record, args.tag)
+
+    if not args.skip_fp:
+        rows.append({"method": "fp32", "bits": "W16A16", "ppl": ppl(base), "quant_s": 0.0,
+                     "size_MB": dir_size_bytes(src) / 1e6})
+        checkpoint_rows()
     settings = [tuple(int(b) for b in s.split("-")) for s in args.settings.split(",")]
     ranks = [hidden if r == "D" else int(r) for r in args.ranks.split(",")]
     ranks_other = [hidden if r == "D" else int(r) for r in args.ranks_other.split(",")]
@@ -96,7 +141,8 @@ def main(argv=None) -> None:
         ranks_here = ranks if k == 0 else ranks_other
         for method in (args.methods if k == 0 else args.methods_other).split(","):
             cfg = make_config(method, w_bits=w_bits, a_bits=a_bits, train_steps=args.train_steps,
-                              train_seqlen=args.train_seqlen, seed=args.seed, w_clip=args.w_clip)
+                              train_seqlen=args.train_seqlen, seed=args.seed, w_clip=args.w_clip,
+                              weight_algorithm=args.weight_algorithm)
             if method != "respinquant":
                 m = copy.deepcopy(base)
                 from llmtool.quantize.api import quantize_
@@ -107,7 +153,7 @@ def main(argv=None) -> None:
                 rotated = rep.get("rotations") is not None
                 rows.append({"method": method, "bits": tag, "ppl": ppl(m), "quant_s": qs,
                              "size_MB": size_of(m, cfg, rotated, None) / 1e6})
-                print(rows[-1], flush=True)
+                checkpoint_rows()
                 del m
                 continue
             # respinquant: learn once, fuse with each rank
@@ -132,25 +178,10 @@ def main(argv=None) -> None:
                              "size_MB": size_of(m, cfg, True, rank) / 1e6,
                              "transition_err": terr["transition_error_mean"],
                              "train_ce_first_last": f"{losses[0]:.3f}->{losses[-1]:.3f}"})
-                print(rows[-1], flush=True)
+                checkpoint_rows()
                 del m
             del m0
-    total = time.perf_counter() - t0
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    record = {"args": vars(args), "rows": rows, "total_seconds": total, "peak_rss_mb": peak_rss_mb(),
-              "torch_threads": torch.get_num_threads()}
-    (out / "quantize.json").write_text(json.dumps(record, indent=2))
-    cols = ["method", "bits", "ppl", "quant_s", "size_MB", "transition_err", "train_ce_first_last"]
-    cmd = "python benchmarks/quantize.py " + " ".join(argv if argv is not None else sys.argv[1:])
-    md = (f"# quantize benchmark\n\nModel {args.model}, eval {args.eval_data} first {args.max_tokens} tokens at "
-          f"seqlen {args.seqlen}; calibration {args.calib_samples}x{args.calib_seqlen} of {args.calib_data}; "
-          f"rotation training {args.train_steps} steps x 1 x {args.train_seqlen}; KV16; weight clip search "
-          f"{'on' if args.w_clip else 'off'}; seed {args.seed}. "
-          f"Peak RSS {record['peak_rss_mb']:.0f} MB, total {total:.0f} s.\n\n"
-          f"Command: `{cmd.strip()}`\n\n" + markdown_table(rows, cols) + "\n")
-    (out / "quantize.md").write_text(md)
-    print(md)
+    print(checkpoint_rows())
 
 
 if __name__ == "__main__":
