@@ -228,6 +228,10 @@ class CayleySGD:
             if p.grad is None:
                 continue
             r, g = p.data, p.grad.to(p.dtype)
+            if not torch.isfinite(g).all():
+                # an overflowing gradient (seen at 3-bit activations) would turn the whole solve into NaN:
+                # drop the non-finite entries for this step
+                g = torch.nan_to_num(g, nan=0.0, posinf=0.0, neginf=0.0)
             a = g @ r.transpose(-1, -2) - r @ g.transpose(-1, -2)
             norm1 = a.abs().sum(dim=-2).amax(dim=-1)  # matrix 1-norm per matrix
             alpha = torch.clamp(1.0 / (norm1 + self.eps), max=lr)[..., None, None]
