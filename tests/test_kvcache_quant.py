@@ -27,9 +27,11 @@ def ids():
     return torch.randint(1, 320, (1, 150), generator=torch.Generator().manual_seed(7))
 
 
-def _decode_logits(model, cache, ids, prefix):
+def _decode_logits(model, cache, ids, prefix, total=80):
+    """Prefill ``prefix`` tokens, then decode token by token up to ``total`` (3 flushes at G=8, R=16)."""
     from llmtool.kvcache.cache import attach
 
+    ids = ids[:, :total]
     out = []
     with torch.no_grad(), attach(model):
         logits = model(input_ids=ids[:, :prefix], cache=cache, use_cache=True).logits[:, -1]
@@ -63,15 +65,15 @@ def test_quantizer_error_bound_and_pack_roundtrip():
 def test_sixteen_bit_is_a_noop(tiny, ids):
     full = _decode_logits(tiny, KVCache.full(2), ids, 40)
     for cls, kw in ((KIVILayer, {}), (pk.PatternKVLayer, {"k_patterns": 8, "v_patterns": 8})):
-        cache = _layers(tiny, cls, k_bits=16, v_bits=16, group_size=16, residual_length=32, **kw)
+        cache = _layers(tiny, cls, k_bits=16, v_bits=16, group_size=8, residual_length=16, **kw)
         got = _decode_logits(tiny, cache, ids, 40)
         assert torch.allclose(got, full, atol=1e-5), (cls, (got - full).abs().max())
         assert cache.layers[0].flushes >= 3
 
 
 def test_patternkv_reduces_to_kivi_bit_identically(tiny, ids):
-    kivi = _layers(tiny, KIVILayer, k_bits=2, v_bits=2, group_size=16, residual_length=32)
-    zero = _layers(tiny, pk.PatternKVLayer, k_bits=2, v_bits=2, group_size=16, residual_length=32,
+    kivi = _layers(tiny, KIVILayer, k_bits=2, v_bits=2, group_size=8, residual_length=16)
+    zero = _layers(tiny, pk.PatternKVLayer, k_bits=2, v_bits=2, group_size=8, residual_length=16,
                    init="zero", grow=False, v_gate=False)
     a = _decode_logits(tiny, kivi, ids, 40)
     b = _decode_logits(tiny, zero, ids, 40)
@@ -87,20 +89,20 @@ def test_low_bits_are_lossy_and_ordered(tiny, ids):
     full = _decode_logits(tiny, KVCache.full(2), ids, 40)
     err = {}
     for bits in (2, 4, 8):
-        cache = _layers(tiny, KIVILayer, k_bits=bits, v_bits=bits, group_size=16, residual_length=32)
+        cache = _layers(tiny, KIVILayer, k_bits=bits, v_bits=bits, group_size=8, residual_length=16)
         err[bits] = (_decode_logits(tiny, cache, ids, 40) - full).abs().mean().item()
     assert err[2] > err[4] > err[8] > 0
 
 
 def test_flush_mechanics_and_assignments(tiny, ids):
-    cache = _layers(tiny, pk.PatternKVLayer, k_bits=2, v_bits=2, group_size=16, residual_length=32,
+    cache = _layers(tiny, pk.PatternKVLayer, k_bits=2, v_bits=2, group_size=8, residual_length=16,
                     k_patterns=8, v_patterns=8)
     prefix = 40
     _decode_logits(tiny, cache, ids, prefix)
-    n = ids.shape[-1] - prefix
+    n = 80 - prefix
     for layer in cache.layers:
         assert layer.bank_size() == 8 + layer.flushes
-        assert layer.flushes == (prefix % 32 + n) // 32
+        assert layer.flushes == (prefix % 16 + n) // 16 == 3
         assert layer.quantized_tokens + layer.win_k.shape[-2] == prefix + n
         for i, chunk in enumerate(layer.k_chunks):
             assert int(chunk["assign"].max()) < 8 + i  # bank size when the chunk was written
