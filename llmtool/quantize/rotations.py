@@ -233,6 +233,9 @@ class CayleySGD:
                 # drop the non-finite entries for this step
                 g = torch.nan_to_num(g, nan=0.0, posinf=0.0, neginf=0.0)
             a = g @ r.transpose(-1, -2) - r @ g.transpose(-1, -2)
+            finite = torch.isfinite(a).flatten(-2).all(-1)
+            if not bool(finite.all()):  # huge gradients overflow G Rᵀ: skip those matrices this step
+                a = torch.where(finite[..., None, None], a, torch.zeros_like(a))
             norm1 = a.abs().sum(dim=-2).amax(dim=-1)  # matrix 1-norm per matrix
             alpha = torch.clamp(1.0 / (norm1 + self.eps), max=lr)[..., None, None]
             eye = torch.eye(r.shape[-1], dtype=r.dtype, device=r.device)
