@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Iterable, Sequence
+from typing import Iterable, Iterator, Sequence
 
 import torch
 
@@ -33,12 +33,12 @@ def load_text(source: str | Path) -> str:
         raise UsageError(f"{path}: not UTF-8 text") from None
 
 
-def read_jsonl(path: str | Path, required: Sequence[str] = ()) -> list[dict]:
-    """Read a JSONL file; a malformed line or a missing field is a one-line error naming the line."""
+def iter_jsonl(path: str | Path) -> Iterator[tuple[int, dict]]:
+    """``(line number, record)`` for every non-blank line of a JSONL file; a malformed line is a
+    one-line error naming ``file:line``."""
     path = Path(path)
     if not path.is_file():
         raise UsageError(f"{path}: no such file")
-    rows = []
     with open(path, encoding="utf-8") as fh:
         for i, line in enumerate(fh, 1):
             if not line.strip():
@@ -49,11 +49,18 @@ def read_jsonl(path: str | Path, required: Sequence[str] = ()) -> list[dict]:
                 raise UsageError(f"{path}:{i}: malformed JSON ({e.msg})") from None
             if not isinstance(row, dict):
                 raise UsageError(f"{path}:{i}: each line must be a JSON object")
-            for f in required:
-                if f not in row:
-                    raise UsageError(f"{path}:{i}: missing field {f!r}")
-            rows.append(row)
-    if not rows:
+            yield i, row
+
+
+def read_jsonl(path: str | Path, required: Sequence[str] = (), allow_empty: bool = False) -> list[dict]:
+    """Read a JSONL file; a malformed line or a missing field is a one-line error naming the line."""
+    rows = []
+    for i, row in iter_jsonl(path):
+        for f in required:
+            if f not in row:
+                raise UsageError(f"{path}:{i}: missing field {f!r}")
+        rows.append(row)
+    if not rows and not allow_empty:
         raise UsageError(f"{path}: no records")
     return rows
 

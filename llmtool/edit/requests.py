@@ -24,6 +24,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from llmtool.core.console import UsageError
+from llmtool.core.data import iter_jsonl
 
 
 @dataclass
@@ -132,20 +133,7 @@ def read_requests(path: str | Path) -> list[EditRequest]:
     path = Path(path)
     if not path.is_file():
         raise UsageError(f"{path}: no such requests file")
-    out = []
-    with open(path, encoding="utf-8") as fh:
-        for i, line in enumerate(fh, 1):
-            if not line.strip():
-                continue
-            where = f"{path}:{i}"
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise UsageError(f"{where}: malformed JSON ({e.msg})") from None
-            if not isinstance(row, dict):
-                raise UsageError(f"{where}: each line must be a JSON object")
-            out.append(parse_request(row, where))
-    return out
+    return [parse_request(row, f"{path}:{i}") for i, row in iter_jsonl(path)]
 
 
 PACKAGED = {"counterfact-smollm2": Path(__file__).parent / "data" / "counterfact_smollm2.jsonl"}
