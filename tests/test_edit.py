@@ -221,7 +221,8 @@ def test_single_edit_reaches_efficacy_one(tmp_path, tiny4, tiny_text_file, tok, 
     from llmtool.core.models import load_model
     from llmtool.edit.evaluate_edits import pair_scores
 
-    req = {"prompt": "The capital of {} is", "subject": "France", "target_new": "Rome", "target_true": "Paris"}
+    req = {"prompt": "The capital of {} is", "subject": "France", "target_new": "Rome", "target_true": "Paris",
+           "neighborhood": [{"prompt": "The Eiffel Tower is in", "target": "Paris"}]}
     edits = _write(tmp_path / "one.jsonl", [req])
     out = tmp_path / "edited"
     code, _, err = run_cli("edit", "--method", method, "--anchor", anchor, "--layers", "1,2", str(tiny4), str(edits),
@@ -243,4 +244,5 @@ def test_single_edit_reaches_efficacy_one(tmp_path, tiny4, tiny_text_file, tok, 
                                 "--fluency-prompts", "1", "--fluency-tokens", "8")
     assert code == 0, err
     res = json.loads(stdout)
-    assert res["efficacy_success"] == 100.0 and res["requests"] == 1 and "specificity_kl" in res
+    assert res["efficacy_success"] == 100.0 and res["requests"] == 1
+    assert res["specificity_kl"] >= 0 and 0 <= res["top1_overlap"] <= 100  # neighbourhood metrics need --base

@@ -108,7 +108,6 @@ def evaluate_requests(model, tok, requests: list[EditRequest], base=None, fluenc
     para = [(p, r) for r in requests for p in r.paraphrase_prompts]
     pn = pair_scores(model, tok, [(p, r.target_new) for p, r in para])
     pt = pair_scores(model, tok, [(p, r.target_true) for p, r in para if r.target_true])
-    para_true = [(p, r) for p, r in para if r.target_true]
     pn_by = {id(x): s for x, s in zip(para, pn)}
     ps = [pn_by[id(x)][0] < t[0] for x, t in zip([x for x in para if x[1].target_true], pt)]
     neigh = [(p, a, r) for r in requests for p, a in r.neighborhood]
@@ -121,7 +120,6 @@ def evaluate_requests(model, tok, requests: list[EditRequest], base=None, fluenc
         "generalization_success": _pct(ps), "generalization_accuracy": _pct([a for _, a in pn]),
         "neighborhood_success": _pct(ns), "neighborhood_accuracy": _pct([a for _, a in na]),
     }
-    del para_true
     parts = [res["efficacy_success"], res["generalization_success"], res["neighborhood_success"]]
     res["score"] = (len(parts) / sum(1 / max(p, 1e-9) for p in parts)) if all(p == p for p in parts) else float("nan")
     if base is not None and neigh:
