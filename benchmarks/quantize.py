@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import copy
 import json
+import os
 import sys
 import time
 from pathlib import Path
@@ -124,7 +125,7 @@ def main(argv=None) -> None:
     t0 = time.perf_counter()
 
     def checkpoint_rows():
-        record = {"args": vars(args), "rows": rows, "total_seconds": time.perf_counter() - t0,
+        record = {"args": {**vars(args), "out": os.path.relpath(args.out, ROOT)}, "rows": rows, "total_seconds": time.perf_counter() - t0,
                   "peak_rss_mb": peak_rss_mb(), "torch_threads": torch.get_num_threads(), "commands": [cmd.strip()]}
         print(rows[-1], flush=True)
         return write(record, args.tag)
