@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from conftest import build_tiny_llama
-from llmtool.kvcache import adakv, critical, eviction
+from llmtool.kvcache import adakv, critical, eviction, snapkv
 from llmtool.kvcache.cache import EvictableLayer, KVCache, _kv_attention
 from llmtool.kvcache.pipeline import KVSpec, build_press, generate
 
@@ -166,7 +166,7 @@ def test_planted_large_value_entry_is_kept_only_by_critical():
                              o_proj=SimpleNamespace(weight=torch.randn(dim, h_q * d)))
     budgets = torch.full((1, h_kv), 16)
     base = eviction.topk_mask(scores, budgets)
-    press = critical.CriticalKVPress(base=eviction.Press(budget=0.25, window_size=4))
+    press = critical.CriticalKVPress(base=snapkv.SnapKVPress(budget=0.25, window_size=4))
     crit = press.select(module, scores, None, values, budgets)
     assert not base[..., 10].any()
     assert crit[..., 10].all()

@@ -33,6 +33,8 @@ only, with a parquet cache so that an interrupted run resumes and reproduces the
 """
 from __future__ import annotations
 
+import abc
+
 import hashlib
 import math
 from dataclasses import dataclass, field
@@ -63,7 +65,7 @@ def schedule_cost(k: int, budget: int) -> int:
     return sum(n) + n[-1]
 
 
-class Oracle:
+class Oracle(abc.ABC):
     """Scores of (model, query) evaluations with budget accounting and an optional evaluation log."""
 
     def __init__(self, n_models: int, n_items: int, log: bool = False):
@@ -71,8 +73,9 @@ class Oracle:
         self.used = 0
         self.log: list[tuple[int, int]] | None = [] if log else None
 
+    @abc.abstractmethod
     def _scores(self, models: np.ndarray, items: np.ndarray) -> np.ndarray:
-        raise NotImplementedError
+        """Scores of (model, item) pairs, one per pair."""
 
     def evaluate(self, models: Sequence[int], items: Sequence[int]) -> np.ndarray:
         """Scores of every model in ``models`` on every query in ``items`` ([len(models), len(items)])."""

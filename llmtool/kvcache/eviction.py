@@ -16,6 +16,8 @@ counted in the memory report).
 """
 from __future__ import annotations
 
+import abc
+
 import math
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -72,7 +74,7 @@ def mask_from_keep(layer: EvictableLayer, keep: torch.Tensor) -> None:
 
 
 @dataclass
-class Press:
+class Press(abc.ABC):
     """Base class. Subclasses implement :meth:`score` (``[B, H_kv, n]``, higher = keep) and may
     override :meth:`layer_budgets` (per-head budgets ``[B, H_kv]``) and :meth:`select`."""
 
@@ -88,8 +90,9 @@ class Press:
             raise UsageError(f"--window-size {self.window_size}: must be >= 1")
 
     # --- interface -------------------------------------------------------------------------
+    @abc.abstractmethod
     def score(self, module, hidden_states, keys, values, position_embeddings) -> torch.Tensor:
-        raise NotImplementedError
+        """Importance of every cached entry, [batch, kv_heads, seq]."""
 
     def layer_budgets(self, module, scores: torch.Tensor, n: int) -> torch.Tensor:
         b = uniform_budget(n, self.budget, self.window_size)

@@ -12,6 +12,8 @@ so the same key gives the same lists on any machine, with or without CUDA.
 """
 from __future__ import annotations
 
+import abc
+
 import dataclasses
 import json
 from dataclasses import dataclass
@@ -107,7 +109,7 @@ def read_config_file(path: str | Path | None) -> dict:
     return data
 
 
-class Scheme:
+class Scheme(abc.ABC):
     """Interface of a watermark scheme (subclasses set ``name``, ``score_kind``, ``config_cls``)."""
 
     name = ""
@@ -122,11 +124,13 @@ class Scheme:
         self.vocab_size = int(vocab_size)
         self.config = config if config is not None else self.config_cls()
 
-    def processor(self):  # pragma: no cover - interface
-        raise NotImplementedError
+    @abc.abstractmethod
+    def processor(self):
+        """The transformers LogitsProcessor that embeds this watermark."""
 
-    def detect(self, ids: Sequence[int]) -> Detection:  # pragma: no cover - interface
-        raise NotImplementedError
+    @abc.abstractmethod
+    def detect(self, ids: Sequence[int]) -> Detection:
+        """Detection statistic of a token sequence."""
 
     def config_dict(self) -> dict:
         return dataclasses.asdict(self.config)
