@@ -31,6 +31,8 @@ def main() -> None:
     ap.add_argument("--methods", default="memit,alphaedit")
     ap.add_argument("--v-steps", type=int, default=25)
     ap.add_argument("--mom2-samples", type=int, default=20000)
+    ap.add_argument("--mom2-weight", type=float, default=15000.0, help="MEMIT's lambda on the key second moment")
+    ap.add_argument("--tag", default="edit", help="results file stem (benchmarks/results/<tag>.json/.md)")
     ap.add_argument("--fluency-prompts", type=int, default=4)
     ap.add_argument("--fluency-tokens", type=int, default=30)
     ap.add_argument("--keystone-k", default="10,30")
@@ -79,7 +81,7 @@ def main() -> None:
     for method in args.methods.split(","):
         for anchor in ("backward", "forward"):
             for n in sizes:
-                cfg = EditConfig(layers=layers, method=method, anchor=anchor, z=zcfg)
+                cfg = EditConfig(layers=layers, method=method, anchor=anchor, z=zcfg, mom2_update_weight=args.mom2_weight)
                 solvers = {l: METHODS.get(method)(C[l], cfg) for l in layers}
                 prev = {l: torch.zeros_like(C[l], dtype=torch.float64) for l in layers}
                 t0 = time.perf_counter()
@@ -120,19 +122,19 @@ def main() -> None:
            "edit": rows, "keystone": key_rows, "keystone_candidates": total,
            "top_keystone": [n.key for n in ranked[:10]]}
     RESULTS.mkdir(parents=True, exist_ok=True)
-    (RESULTS / "edit.json").write_text(json.dumps(out, indent=1, default=str))
+    (RESULTS / f"{args.tag}.json").write_text(json.dumps(out, indent=1, default=str))
     cols = ["method", "anchor", "edits", "efficacy_success", "efficacy_accuracy", "generalization_success",
             "generalization_accuracy", "neighborhood_success", "specificity_kl", "top1_overlap", "top5_overlap",
             "fluency", "final_residual_ratio", "seconds"]
     md = ["# llmtool edit benchmark", "", f"Model `{args.model}`, edit set `{args.edits}`, layers {layers}, "
           f"sizes {sizes}, seed {args.seed}. Command: `python benchmarks/edit.py "
-          + " ".join(f"--{k.replace('_', '-')} {v}" for k, v in vars(args).items() if k in ("sizes",)) + "`",
+          + " ".join(f"--{k.replace('_', '-')} {v}" for k, v in vars(args).items() if k in ("sizes", "methods", "mom2_weight")) + "`",
           "", markdown_table(rows, cols), "", "Remaining-residual ratio per edited layer:", "",
           markdown_table([{"method": r["method"], "anchor": r["anchor"], "edits": r["edits"],
                            "ratios": " ".join(map(str, r["residual_ratios"]))} for r in rows if "residual_ratios" in r]),
           "", f"## Keystone ablation ({total} candidate neurons; perplexity on 4 held-out texts)", "",
           markdown_table(key_rows)]
-    (RESULTS / "edit.md").write_text("\n".join(md) + "\n")
+    (RESULTS / f"{args.tag}.md").write_text("\n".join(md) + "\n")
     print("\n".join(md))
 
 
