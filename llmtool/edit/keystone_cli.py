@@ -6,6 +6,7 @@ from pathlib import Path
 
 import typer
 
+from llmtool.core.checkpoint import check_output
 from llmtool.core.console import OPTIONS, UsageError, emit, info
 from llmtool.core.options import ModelArg, OutDirArg, Overwrite
 
@@ -45,8 +46,7 @@ def find_command(
     from llmtool.edit.keystone import default_probes, parse_families, probe_activations, rank_neurons, save_keystone
 
     torch.set_num_threads(min(2, torch.get_num_threads()))
-    if out.exists() and not overwrite:
-        raise UsageError(f"{out}: already exists (pass --overwrite to replace it)")
+    check_output(out, overwrite)
     fams = parse_families(families)
     rows = _texts(prompts, default_probes)
     src = resolve_model(model)
@@ -120,7 +120,6 @@ def finetune_command(
     """SFT that updates only keystone rows (baselines: --trainable full / random)."""
     import torch
 
-    from llmtool.core.checkpoint import check_output
     from llmtool.core.data import read_jsonl
     from llmtool.core.models import load_model, load_tokenizer, resolve_model
     from llmtool.edit.keystone import load_keystone, matched_random

@@ -7,6 +7,7 @@ from typing import Annotated, List, Optional
 
 import typer
 
+from llmtool.core.checkpoint import check_output
 from llmtool.core.console import OPTIONS, UsageError, emit, info
 from llmtool.core.options import ModelArg, Overwrite
 
@@ -17,14 +18,6 @@ ConfigFile = Annotated[Optional[Path], typer.Option("--config", help="JSON objec
 OutFile = Annotated[Path, typer.Option("--output", "-o", help="Output JSONL file.")]
 Field = Annotated[str, typer.Option("--field", help="JSONL field holding the text.")]
 BatchSize = Annotated[int, typer.Option("--batch-size", min=1, help="Sequences per generate call.")]
-
-
-def _check_out(out: Path, overwrite: bool, inputs: tuple = ()) -> None:
-    if out.exists() and not overwrite:
-        raise UsageError(f"{out}: exists (use --overwrite)")
-    for src in inputs:
-        if Path(src).exists() and out.resolve() == Path(src).resolve():
-            raise UsageError(f"{out}: output would overwrite its input")
 
 
 def _texts(rows: list[dict], path: Path, field: str) -> list[str]:
@@ -88,7 +81,7 @@ def watermark(
     from llmtool.core.models import load_model, load_tokenizer, set_seed
     from llmtool.evade.generation import generate_ids, scheme_decoding
 
-    _check_out(output, overwrite, (prompts,))
+    check_output(output, overwrite, (prompts,))
     wm = _scheme(scheme, model, config)
     rows = read_jsonl(prompts, required=("prompt",))
     texts = _texts(rows, prompts, "prompt")
@@ -125,7 +118,7 @@ def detect(
     from llmtool.core.models import load_tokenizer
 
     if output is not None:
-        _check_out(output, overwrite, (texts,))
+        check_output(output, overwrite, (texts,))
     wm = _scheme(scheme, model, config)
     rows = read_jsonl(texts)
     values = _texts(rows, texts, field)
@@ -181,7 +174,7 @@ def attack(
     from llmtool.evade.paraphrase import PROMPT_VERSION, Paraphraser
 
     fn = ATTACKS.get(method)
-    _check_out(output, overwrite, (inputs,))
+    check_output(output, overwrite, (inputs,))
     if method == "bira" and beta_step == 0 and max_iter != 1:
         raise UsageError("--beta-step 0 never relaxes the bias; give --max-iter 1 or a positive step")
     rows = read_jsonl(inputs)
@@ -275,7 +268,7 @@ def prompts(
     from llmtool.core.data import write_jsonl
     from llmtool.evade.prompts import austen_prompts
 
-    _check_out(output, overwrite)
+    check_output(output, overwrite)
     rows = austen_prompts(n, prompt_words, human_words, OPTIONS.seed, source)
     write_jsonl(output, rows)
     emit({"output": str(output), "prompts": len(rows), "source": source})

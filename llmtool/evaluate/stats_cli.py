@@ -12,6 +12,7 @@ from typing import Optional
 
 import typer
 
+from llmtool.core.checkpoint import check_output
 from llmtool.core.console import OPTIONS, UsageError, emit, info, progress
 from llmtool.evaluate.cli import app
 
@@ -61,8 +62,8 @@ def sysr_cmd(
 
     from llmtool.evaluate import sysr as S
 
-    if out is not None and out.exists() and not overwrite:
-        raise UsageError(f"{out}: already exists (pass --overwrite to replace it)")
+    if out is not None:
+        check_output(out, overwrite)
     seed = _seed(seed)
     live = models is not None or queries is not None
     if live and responses:
@@ -119,8 +120,7 @@ def build_matrix_cmd(
     """Convert long tables or lm-eval samples files into one wide score matrix (item_id + one column per model)."""
     from llmtool.evaluate.results_io import load_matrix, write_wide
 
-    if out.exists() and not overwrite:
-        raise UsageError(f"{out}: already exists (pass --overwrite to replace it)")
+    check_output(out, overwrite)
     if out.suffix not in (".csv", ".parquet"):
         raise UsageError(f"{out}: output must end in .csv or .parquet")
     mat = load_matrix(responses or [], metric) if keep_missing else _matrix(responses or [], metric)
@@ -156,8 +156,7 @@ def bai_sim_cmd(
     from llmtool.evaluate import bai_sim as B
     from llmtool.evaluate.bai import BAI_METHODS
 
-    if out.exists() and not overwrite:
-        raise UsageError(f"{out}: already exists (pass --overwrite to replace it)")
+    check_output(out, overwrite)
     method_list = [m.strip() for m in methods.split(",") if m.strip()]
     for m in method_list:
         BAI_METHODS.get(m.partition("@")[0])
@@ -215,8 +214,7 @@ def judge_cmd(
     from llmtool.core.data import read_jsonl, write_jsonl
     from llmtool.evaluate import judge_btd as J
 
-    if out.exists() and not overwrite:
-        raise UsageError(f"{out}: already exists (pass --overwrite to replace it)")
+    check_output(out, overwrite)
     if not 0 < calib_frac < 1:
         raise UsageError(f"--calib-frac must be in (0, 1), got {calib_frac}")
     methods = [m.strip() for m in method.split(",") if m.strip()]
@@ -326,7 +324,7 @@ def autograder_fit_cmd(
     overwrite: bool = typer.Option(False, "--overwrite"),
 ) -> None:
     """Fit a Bayesian GLM of grades; write draws, summary (R-hat, ESS), diagnostics, LOO/WAIC."""
-    from llmtool.core.checkpoint import atomic_output, check_output, write_provenance
+    from llmtool.core.checkpoint import atomic_output, write_provenance
     from llmtool.core.data import read_table
     from llmtool.evaluate import autograder_glm as G
 
