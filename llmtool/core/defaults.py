@@ -141,7 +141,8 @@ def _austen_data_dir() -> Path:
         debs = list(Path(tmp).glob("*.deb"))
         if r.returncode != 0 or not debs:
             raise UsageError(f"apt-get download {AUSTEN_DEB} failed: {r.stderr.strip().splitlines()[-1:]}")
-        staging = Path(tempfile.mkdtemp(dir=home().mkdir(parents=True, exist_ok=True) or home()))
+        home().mkdir(parents=True, exist_ok=True)
+        staging = Path(tempfile.mkdtemp(dir=home()))
         subprocess.run(["dpkg-deb", "-x", str(debs[0]), str(staging)], check=True)
         local.parent.mkdir(parents=True, exist_ok=True)
         if local.exists():
