@@ -240,9 +240,125 @@ def test_single_edit_reaches_efficacy_one(tmp_path, tiny4, tiny_text_file, tok, 
     assert all(a[k].dtype == b[k].dtype for k in a)
     manifest = json.loads((out / "edit_manifest.json").read_text())
     assert manifest["method"] == method and len(manifest["batches"][0]["layers"]) == 2
+    assert manifest["preset"] == "generic" and manifest["config"]["mom2_update_weight"] == 1.0  # flag beats preset
     code, stdout, err = run_cli("--json", "evaluate", "edits", str(out), str(edits), "--base", str(tiny4),
                                 "--fluency-prompts", "1", "--fluency-tokens", "8")
     assert code == 0, err
     res = json.loads(stdout)
     assert res["efficacy_success"] == 100.0 and res["requests"] == 1
     assert res["specificity_kl"] >= 0 and 0 <= res["top1_overlap"] <= 100  # neighbourhood metrics need --base
+
+
+# ---------------------------------------------------------------- spreading bookkeeping (spec test 4)
+def test_backward_spreading_bookkeeping_on_synthetic_stack(tiny4, tok):
+    """Blocks after the first edited layer add nothing except through the edited down_proj:
+    attention outputs of the edited layers are zeroed and the later down_projs start at zero.
+    With one request, lambda = 0 and the minimum-norm solver, MEMIT's divided residuals each move
+    h_L by a third of the gap; both anchors end with h_L = z_L; under FE every later residual is 0."""
+    from llmtool.core.models import decoder_layers
+    from llmtool.edit.anchors import forward_replay
+    from llmtool.edit.layerio import down_proj
+    from llmtool.edit.memit import METHODS, EditConfig, edit_batch, hidden_at
+
+    layers = [1, 2, 3]
+    req = [_req()]
+    results = {}
+    for anchor in ("backward", "forward"):
+        m = _model64(tiny4)
+        with torch.no_grad():
+            for l in layers:
+                decoder_layers(m)[l].self_attn.o_proj.weight.zero_()
+            for l in layers[1:]:
+                down_proj(m, l).weight.zero_()
+        h = hidden_at(m, tok, req, layers)
+        assert torch.allclose(h[1], h[3], atol=1e-12)  # the stack really is transparent after layer 1
+        delta = torch.randn(1, 64, generator=torch.Generator().manual_seed(5), dtype=torch.float64)
+        if anchor == "backward":
+            targets = {3: h[3] + delta}
+        else:
+            targets = {l: t.double() for l, t in forward_replay(m, tok, req, h[1] + delta, layers).items()}
+            assert all(torch.allclose(targets[l], h[1] + delta, atol=1e-12) for l in layers)
+        cfg = EditConfig(layers=layers, anchor=anchor, mom2_update_weight=0.0, solver="pinv")
+        C = {l: torch.eye(128, dtype=torch.float64) for l in layers}
+        solvers = {l: METHODS.get("memit")(C[l], cfg) for l in layers}
+        prev = {l: torch.zeros(128, 128, dtype=torch.float64) for l in layers}
+        rep = edit_batch(m, tok, req, cfg, ["{}"], solvers, prev, targets=targets)
+        final = hidden_at(m, tok, req, [3])[3]
+        assert (final - (h[3] + delta)).abs().max() < 1e-8
+        results[anchor] = rep["layers"]
+    gap = float(delta.norm())
+    bw = results["backward"]
+    assert [round(r["remaining_residual_ratio"], 8) for r in bw] == [round(2 / 3, 8), round(1 / 3, 8), 0.0]
+    assert all(abs(r["residual_fro"] - gap / 3) < 1e-8 for r in bw)  # thirds that sum to the full gap
+    fw = results["forward"]
+    assert abs(fw[0]["residual_fro"] - gap) < 1e-8
+    assert all(r["residual_fro"] < 1e-8 for r in fw[1:]) and all(r["remaining_residual_ratio"] < 1e-8 for r in fw)
+
+
+# ---------------------------------------------------------------- convergence (spec test 7)
+def test_forward_anchor_residual_ratio_falls_and_ends_below_memit(tiny4, tok):
+    from llmtool.edit.anchors import ZConfig
+    from llmtool.edit.memit import METHODS, EditConfig, compute_targets, edit_batch
+
+    torch.manual_seed(0)
+    subjects = ["France", "Italy", "Spain", "Peru", "Chile", "Japan", "Egypt", "Kenya"]
+    news = ["Rome", "Oslo", "Lima", "Cairo", "Paris", "Quito", "Tokyo", "Seoul"]
+    reqs = [_req(subject=s, target_new=t) for s, t in zip(subjects, news)]
+    layers = [0, 1, 2]  # layer 3's attention carries the subject-token edit to the target positions
+    templates = ["{}", "The day. {}", "Because of it. {}"]
+    zcfg = ZConfig(v_lr=0.5, v_num_grad_steps=20, clamp_norm_factor=4.0, kl_factor=0.0, v_weight_decay=0.0)
+    g = torch.Generator().manual_seed(2)
+    X = torch.randn(128, 2000, generator=g, dtype=torch.float64)
+    ratios = {}
+    for anchor in ("backward", "forward"):
+        m = _model64(tiny4)
+        cfg = EditConfig(layers=layers, anchor=anchor, z=zcfg, mom2_update_weight=0.01)
+        solvers = {l: METHODS.get("memit")(X @ X.T / 2000, cfg) for l in layers}
+        prev = {l: torch.zeros(128, 128, dtype=torch.float64) for l in layers}
+        targets, _ = compute_targets(m, tok, reqs, cfg, templates)
+        rep = edit_batch(m, tok, reqs, cfg, templates, solvers, prev, targets=targets)
+        ratios[anchor] = [r["remaining_residual_ratio"] for r in rep["layers"]]
+    fw, bw = ratios["forward"], ratios["backward"]
+    assert all(b <= a + 1e-9 for a, b in zip(fw, fw[1:])), fw
+    assert fw[-1] < bw[-1], (fw, bw)
+
+
+# ---------------------------------------------------------------- batched target optimisation
+def test_batched_compute_z_equals_one_request_at_a_time(tiny4, tok):
+    """Several requests optimised in one padded batch give each request's own result, including
+    one that stops early while the others keep going."""
+    from llmtool.edit.anchors import ZConfig, compute_z, compute_z_batch
+
+    m = _model64(tiny4)
+    reqs = [_req(), _req(subject="Italy is a good", target_new="Paris"), _req(subject="Peru", target_new="Lima x")]
+    templates = ["{}", "The day. {}"]
+    base = ZConfig(v_lr=0.2, v_num_grad_steps=12, clamp_norm_factor=4.0, kl_factor=0.1, v_weight_decay=1e-3)
+    first = ZConfig(**{**base.__dict__, "v_num_grad_steps": 1})
+    # an early-stop threshold halfway down the best request's loss curve: it stops mid-way while
+    # the others (whose losses stay higher) run every step
+    curves = [(compute_z(m, tok, r, 1, templates, first).loss, compute_z(m, tok, r, 1, templates, base).loss)
+              for r in reqs]
+    l0, lf = min(curves, key=lambda c: c[1])
+    stop = ZConfig(**{**base.__dict__, "early_stop_loss": (l0 + lf) / 2})
+    for cfg in (base, stop):
+        one = [compute_z(m, tok, r, 1, templates, cfg) for r in reqs]
+        many = compute_z_batch(m, tok, reqs, 1, templates, cfg)
+        for a, b in zip(one, many):
+            assert a.steps == b.steps and abs(a.loss - b.loss) < 1e-6
+            assert (a.h_init - b.h_init).abs().max() < 1e-6 and (a.z - b.z).abs().max() < 1e-6
+    assert len({r.steps for r in [compute_z(m, tok, r, 1, templates, stop) for r in reqs]}) > 1
+
+
+# ---------------------------------------------------------------- presets
+def test_presets_pick_layers_and_lambda_from_config(tiny4):
+    from llmtool.core.checkpoint import read_config
+    from llmtool.edit.presets import preset_for
+
+    smol = {"model_type": "llama", "hidden_size": 576, "num_hidden_layers": 30}
+    assert preset_for(smol).name == "smollm2-135m" and preset_for(smol).mom2_update_weight == 1500.0
+    assert preset_for(smol).layers == (3, 4, 5, 6, 7)
+    g = preset_for(read_config(tiny4))  # 4 layers, no measured preset
+    assert g.name == "generic" and g.mom2_update_weight == 15000.0
+    assert g.layers and max(g.layers) < 3  # never the last layer: its subject-token output reaches no later token
+    deep = preset_for({"model_type": "mistral", "hidden_size": 4096, "num_hidden_layers": 40})
+    assert deep.layers == (4, 5, 6, 7, 8)

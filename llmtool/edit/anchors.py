@@ -66,64 +66,94 @@ def fill(template: str, prompt: str) -> str:
 
 
 def compute_z(model, tok, request: EditRequest, layer: int, templates: list[str], cfg: ZConfig) -> ZResult:
+    """compute_z for one request (see :func:`compute_z_batch`)."""
+    return compute_z_batch(model, tok, [request], layer, templates, cfg)[0]
+
+
+def compute_z_batch(model, tok, requests: list[EditRequest], layer: int, templates: list[str], cfg: ZConfig
+                    ) -> list[ZResult]:
+    """compute_z for several requests in one padded batch per step. Each request keeps its own δ
+    row, loss, early stop and norm ball; rows of different requests never interact in a forward
+    pass, Adam is element-wise and a stopped request's δ is frozen, so every result equals the
+    one-request optimisation (up to float rounding of the padded batch)."""
     device = next(model.parameters()).device
-    target = encode(tok, " " + request.target_new)
-    if not target:
-        raise ValueError(f"target_new {request.target_new!r} tokenizes to nothing")
-    seqs, lookups, starts = [], [], []
-    for t in templates:
-        ids, idx = subject_last_index(tok, fill(t, request.prompt), request.subject)
-        seqs.append(ids + target[:-1])
-        lookups.append(idx)
-        starts.append(len(ids) - 1)
-    kl_ids, kl_idx = subject_last_index(tok, "{} is a", request.subject)
-    seqs.append(kl_ids)
-    lookups.append(kl_idx)
+    n_req, n_rw = len(requests), len(templates)
+    seqs, lookups, owner, kl_rows = [], [], [], []
+    rows, cols, labels, weights, label_owner = [], [], [], [], []
+    for r_i, request in enumerate(requests):
+        target = encode(tok, " " + request.target_new)
+        if not target:
+            raise ValueError(f"target_new {request.target_new!r} tokenizes to nothing")
+        for t in templates:
+            ids, idx = subject_last_index(tok, fill(t, request.prompt), request.subject)
+            b = len(seqs)
+            seqs.append(ids + target[:-1])
+            lookups.append(idx)
+            owner.append(r_i)
+            for j, t_id in enumerate(target):
+                rows.append(b)
+                cols.append(len(ids) - 1 + j)
+                labels.append(t_id)
+                weights.append(1.0 / (len(target) * n_rw))
+                label_owner.append(r_i)
+        kl_ids, kl_idx = subject_last_index(tok, "{} is a", request.subject)
+        kl_rows.append((len(seqs), kl_idx))
+        seqs.append(kl_ids)
+        lookups.append(kl_idx)
+        owner.append(r_i)
     batch = pad_batch(seqs, tok.pad_token_id or 0, device)
     pos = torch.tensor(lookups, device=device)
-    n_rw = len(templates)
-    rows, cols, labels, weights = [], [], [], []
-    for b in range(n_rw):
-        for j, t_id in enumerate(target):
-            rows.append(b)
-            cols.append(starts[b] + j)
-            labels.append(t_id)
-            weights.append(1.0 / (len(target) * n_rw))
+    owner_t = torch.tensor(owner, device=device)
     rows_t, cols_t = torch.tensor(rows, device=device), torch.tensor(cols, device=device)
     labels_t, weights_t = torch.tensor(labels, device=device), torch.tensor(weights, device=device)
+    label_owner_t = torch.tensor(label_owner, device=device)
+    kl_b = torch.tensor([b for b, _ in kl_rows], device=device)
+    kl_t = torch.tensor([t for _, t in kl_rows], device=device)
 
     with torch.no_grad():
-        h0 = capture_at(model, batch, pos, [layer], "out")[layer]
-        h_init = h0[0].float()
+        h_all = capture_at(model, batch, pos, [layer], "out")[layer].float()
+        # h_init: the layer output at the subject token of the first template (MEMIT's "{}")
+        h_init = h_all[torch.arange(n_req, device=device) * (n_rw + 1)]
         logits = model(**batch).logits
-        kl_ref = torch.log_softmax(logits[n_rw, kl_idx].float(), -1)
+        kl_ref = torch.log_softmax(logits[kl_b, kl_t].float(), -1)
 
     head = model.get_output_embeddings()  # logits only where the loss needs them
     delta = torch.zeros_like(h_init, requires_grad=True)
     opt = torch.optim.Adam([delta], lr=cfg.v_lr)
-    radius = cfg.clamp_norm_factor * h_init.norm()
-    loss_value, steps = float("inf"), 0
-    with edit_layer_output(model, layer, lambda h: scatter_at(h, pos, delta.to(h.dtype).expand(len(seqs), -1), add=True)):
+    h_norm = h_init.norm(dim=-1)
+    radius = cfg.clamp_norm_factor * h_norm
+    done = torch.zeros(n_req, dtype=torch.bool, device=device)
+    final_loss = torch.full((n_req,), float("inf"))
+    final_steps = torch.zeros(n_req, dtype=torch.long)
+    with edit_layer_output(model, layer, lambda h: scatter_at(h, pos, delta.to(h.dtype)[owner_t], add=True)):
         for step in range(cfg.v_num_grad_steps):
             hidden = model.base_model(**batch).last_hidden_state
-            picked = torch.cat([hidden[rows_t, cols_t], hidden[n_rw, kl_idx][None]])
+            picked = torch.cat([hidden[rows_t, cols_t], hidden[kl_b, kl_t]])
             logits = head(picked).float()
-            logp = torch.log_softmax(logits[:-1], -1)
-            nll = -(logp.gather(-1, labels_t[:, None]).squeeze(-1) * weights_t).sum()
-            kl_now = torch.log_softmax(logits[-1], -1)
-            kl = torch.sum(kl_ref.exp() * (kl_ref - kl_now))
-            loss = nll + cfg.kl_factor * kl + cfg.v_weight_decay * delta.norm() / h_init.norm() ** 2
-            loss_value, steps = float(loss.detach()), step
-            if loss_value < cfg.early_stop_loss:
+            logp = torch.log_softmax(logits[:len(labels)], -1)
+            tok_nll = -(logp.gather(-1, labels_t[:, None]).squeeze(-1) * weights_t)
+            nll = torch.zeros(n_req, device=device, dtype=tok_nll.dtype).index_add(0, label_owner_t, tok_nll)
+            kl_now = torch.log_softmax(logits[len(labels):], -1)
+            kl = torch.sum(kl_ref.exp() * (kl_ref - kl_now), -1)
+            loss = nll + cfg.kl_factor * kl + cfg.v_weight_decay * delta.norm(dim=-1) / h_norm ** 2
+            values = loss.detach().cpu()
+            active = ~done.cpu()
+            final_loss[active] = values[active]
+            final_steps[active] = step + 1
+            done = done | (loss.detach() < cfg.early_stop_loss)
+            if bool(done.all()):
                 break
+            frozen = delta.detach()[done].clone()
             opt.zero_grad()
-            loss.backward()
+            loss[~done].sum().backward()
             opt.step()
             with torch.no_grad():
-                n = delta.norm()
-                if n > radius:
-                    delta.mul_(radius / n)
-    return ZResult(z=(h_init + delta.detach()), h_init=h_init, loss=loss_value, steps=steps + 1)
+                delta[done] = frozen
+                n = delta.norm(dim=-1)
+                scale = torch.where(n > radius, radius / n.clamp_min(1e-30), torch.ones_like(n))
+                delta.mul_(scale[:, None])
+    return [ZResult(z=(h_init[i] + delta[i].detach()), h_init=h_init[i], loss=float(final_loss[i]),
+                    steps=int(final_steps[i])) for i in range(n_req)]
 
 
 def bare_batch(tok, requests: list[EditRequest], device) -> tuple[dict, torch.Tensor]:

@@ -96,7 +96,8 @@ def write_outputs(model, src: Path, out: Path, overwrite: bool, cfg: EditConfig,
 
 
 def run_edit(model_arg: str, requests: list[EditRequest], out: Path, cfg: EditConfig, overwrite: bool = False,
-             seed: int = 0, stats_corpus: str = "austen-train", stats_samples: int = 20000) -> dict:
+             seed: int = 0, stats_corpus: str = "austen-train", stats_samples: int = 20000,
+             preset: str | None = None) -> dict:
     from llmtool.core.checkpoint import check_output
     from llmtool.core.models import check_causal_lm, decoder_layers, load_model, load_tokenizer, resolve_model, set_seed
 
@@ -116,5 +117,6 @@ def run_edit(model_arg: str, requests: list[EditRequest], out: Path, cfg: EditCo
         return write_outputs(model, src, out, overwrite, cfg, [], {}, [], {"seed": seed})
     C, templates, fp = prepare(model, tok, src, cfg, seed, stats_corpus, stats_samples)
     report = apply_edits(model, tok, requests, cfg, templates, C)
-    params = {"seed": seed, "stats_corpus": stats_corpus, "stats_samples": stats_samples, "model_fingerprint": fp}
+    params = {"seed": seed, "stats_corpus": stats_corpus, "stats_samples": stats_samples, "model_fingerprint": fp,
+              "preset": preset}
     return write_outputs(model, src, out, overwrite, cfg, requests, report, templates, params)

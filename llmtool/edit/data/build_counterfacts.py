@@ -27,7 +27,12 @@ RELATIONS = {
                   ("South Korea", "Seoul"), ("Iran", "Tehran"), ("Iraq", "Baghdad"), ("Cuba", "Havana"),
                   ("Mexico", "Mexico City"), ("India", "New Delhi"), ("the United Kingdom", "London"),
                   ("Turkey", "Ankara"), ("Chile", "Santiago"), ("Colombia", "Bogota"), ("Vietnam", "Hanoi"),
-                  ("Ukraine", "Kyiv"), ("the Czech Republic", "Prague"), ("Romania", "Bucharest")],
+                  ("Ukraine", "Kyiv"), ("the Czech Republic", "Prague"), ("Romania", "Bucharest"),
+                  ("Indonesia", "Jakarta"), ("the Philippines", "Manila"), ("Venezuela", "Caracas"),
+                  ("Bulgaria", "Sofia"), ("Serbia", "Belgrade"), ("Afghanistan", "Kabul"), ("Syria", "Damascus"),
+                  ("Lebanon", "Beirut"), ("Nepal", "Kathmandu"), ("Bangladesh", "Dhaka"),
+                  ("Malaysia", "Kuala Lumpur"), ("Saudi Arabia", "Riyadh"), ("Pakistan", "Islamabad"),
+                  ("Ethiopia", "Addis Ababa")],
     },
     "language": {
         "prompt": "The official language of {} is",
