@@ -44,7 +44,8 @@ bench-evaluate: setup
 bench-evade: setup
 	$(PY) benchmarks/evade.py
 bench-edit: setup
-	$(PY) benchmarks/edit.py
+	$(PY) benchmarks/edit.py --sizes 1,10,100
+	$(PY) benchmarks/keystone_sft.py
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache

@@ -7,7 +7,7 @@ on the other requests of the batch) and reused for every method and size, so eac
 exactly what `llmtool edit` would do on the first N requests.
 
     python benchmarks/edit.py                      # CPU defaults (sizes 1,4)
-    python benchmarks/edit.py --sizes 1,10,100     # the issue's full grid (hours on 2 CPU cores)
+    python benchmarks/edit.py --sizes 1,10,100     # the issue's full grid (about 1.5 h on 2 CPU cores)
 """
 from __future__ import annotations
 
@@ -31,7 +31,8 @@ def main() -> None:
     ap.add_argument("--methods", default="memit,alphaedit")
     ap.add_argument("--v-steps", type=int, default=25)
     ap.add_argument("--mom2-samples", type=int, default=20000)
-    ap.add_argument("--mom2-weight", type=float, default=15000.0, help="MEMIT's lambda on the key second moment")
+    ap.add_argument("--mom2-weight", type=float, default=None,
+                    help="MEMIT's lambda on the key second moment (default: the model's preset, llmtool/edit/presets.py)")
     ap.add_argument("--tag", default="edit", help="results file stem (benchmarks/results/<tag>.json/.md)")
     ap.add_argument("--fluency-prompts", type=int, default=4)
     ap.add_argument("--fluency-tokens", type=int, default=30)
@@ -58,6 +59,11 @@ def main() -> None:
     sizes = [int(s) for s in args.sizes.split(",")]
     layers = [int(x) for x in args.layers.split(",")]
     src = resolve_model(args.model)
+    if args.mom2_weight is None:
+        from llmtool.core.checkpoint import read_config
+        from llmtool.edit.presets import preset_for
+
+        args.mom2_weight = preset_for(read_config(src)).mom2_update_weight
     tok, model = load_tokenizer(src), load_model(src)
     for p in model.parameters():
         p.requires_grad_(False)

@@ -22,7 +22,7 @@ from typing import Iterator
 import torch
 
 from llmtool.core.console import UsageError, progress
-from llmtool.core.hooks import forward_hooks
+from llmtool.core.hooks import forward_hooks, hidden_of
 from llmtool.core.models import decoder_layers
 
 TARGET_SUFFIXES = ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj",
@@ -132,7 +132,7 @@ def layer_statistics(model, ids: torch.Tensor, batch_size: int = 4, gram: bool =
         with torch.no_grad(), forward_hooks(model, sources, accumulate):
             for hidden, kwargs in batches:
                 out = layers[i](hidden, **kwargs)
-                outputs.append((out[0] if isinstance(out, tuple) else out).detach())
+                outputs.append(hidden_of(out).detach())
         yield stats
         batches = [(o, kw) for o, (_, kw) in zip(outputs, batches)]
 

@@ -8,6 +8,17 @@ from typing import Callable, Iterator
 import torch
 
 
+def hidden_of(output):
+    """The hidden states of a decoder layer's output: recent transformers return a tensor, older
+    ones a tuple ``(hidden, ...)``."""
+    return output[0] if isinstance(output, tuple) else output
+
+
+def with_hidden(output, hidden):
+    """``output`` with its hidden states replaced, in the same form (tensor or tuple)."""
+    return (hidden, *output[1:]) if isinstance(output, tuple) else hidden
+
+
 @contextmanager
 def forward_hooks(model: torch.nn.Module, names: list[str],
                   fn: Callable[[str, torch.nn.Module, tuple, torch.Tensor], None]) -> Iterator[None]:

@@ -2,7 +2,7 @@
 output at chosen token positions, and read the ``mlp.down_proj`` input (the MEMIT key).
 
 Decoder layers return a tensor in recent transformers and a tuple ``(hidden, ...)`` in older
-ones; :func:`_hidden` / :func:`_replace_hidden` handle both. Positions are given per batch row
+ones; ``core.hooks.hidden_of`` / ``with_hidden`` handle both. Positions are given per batch row
 as a 1-D LongTensor (``positions[b]`` = token index in row b), so nothing assumes a layout beyond
 ``hidden[b, t, :]``.
 """
@@ -13,15 +13,8 @@ from typing import Callable, Iterator
 
 import torch
 
+from llmtool.core.hooks import hidden_of, with_hidden
 from llmtool.core.models import decoder_layers
-
-
-def _hidden(output):
-    return output[0] if isinstance(output, tuple) else output
-
-
-def _replace_hidden(output, hidden):
-    return (hidden, *output[1:]) if isinstance(output, tuple) else hidden
 
 
 def down_proj(model, layer: int) -> torch.nn.Linear:
@@ -32,7 +25,7 @@ def down_proj(model, layer: int) -> torch.nn.Linear:
 def edit_layer_output(model, layer: int, fn: Callable[[torch.Tensor], torch.Tensor]) -> Iterator[None]:
     """Replace decoder layer ``layer``'s hidden output by ``fn(hidden)`` (fn must not write in place)."""
     handle = decoder_layers(model)[layer].register_forward_hook(
-        lambda m, i, o: _replace_hidden(o, fn(_hidden(o))))
+        lambda m, i, o: with_hidden(o, fn(hidden_of(o))))
     try:
         yield
     finally:
@@ -61,7 +54,7 @@ def capture_at(model, batch: dict, positions: torch.Tensor, layers: list[int], w
     for l in layers:
         if what == "out":
             h = decoder_layers(model)[l].register_forward_hook(
-                lambda m, i, o, l=l: got.__setitem__(l, _hidden(o)[rows, positions].detach()))
+                lambda m, i, o, l=l: got.__setitem__(l, hidden_of(o)[rows, positions].detach()))
         else:
             h = down_proj(model, l).register_forward_hook(
                 lambda m, i, o, l=l: got.__setitem__(l, i[0][rows, positions].detach()))
