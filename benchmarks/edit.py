@@ -27,7 +27,7 @@ def main() -> None:
     ap.add_argument("--model", default="smollm2-135m")
     ap.add_argument("--edits", default="counterfact-smollm2")
     ap.add_argument("--sizes", default="1,4")
-    ap.add_argument("--layers", default="3,4,5,6,7")
+    ap.add_argument("--layers", default=None, help="edited layers (default: the model's preset)")
     ap.add_argument("--methods", default="memit,alphaedit")
     ap.add_argument("--v-steps", type=int, default=25)
     ap.add_argument("--mom2-samples", type=int, default=20000)
@@ -53,17 +53,17 @@ def main() -> None:
     from llmtool.edit.layerio import down_proj
     from llmtool.edit.memit import METHODS, EditConfig, compute_targets, edit_batch
     from llmtool.edit.requests import read_requests, resolve_requests
+    from llmtool.edit.presets import preset_for
     from llmtool.edit.run import prepare
+    from llmtool.core.checkpoint import read_config
 
     set_seed(args.seed)
     sizes = [int(s) for s in args.sizes.split(",")]
-    layers = [int(x) for x in args.layers.split(",")]
     src = resolve_model(args.model)
+    preset = preset_for(read_config(src))
     if args.mom2_weight is None:
-        from llmtool.core.checkpoint import read_config
-        from llmtool.edit.presets import preset_for
-
-        args.mom2_weight = preset_for(read_config(src)).mom2_update_weight
+        args.mom2_weight = preset.mom2_update_weight
+    layers = [int(x) for x in args.layers.split(",")] if args.layers else list(preset.layers)
     tok, model = load_tokenizer(src), load_model(src)
     for p in model.parameters():
         p.requires_grad_(False)

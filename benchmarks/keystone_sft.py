@@ -35,9 +35,10 @@ def main() -> None:
     from llmtool.core.console import markdown_table
     from llmtool.core.data import tokenize
     from llmtool.core.models import load_model, load_tokenizer, resolve_model, set_seed
-    from llmtool.edit.keystone import (default_eval_texts, default_probes, matched_random, mean_ppl,
-                                       probe_activations, rank_neurons)
-    from llmtool.edit.keystone_sft import RowDeltas, SFTConfig, arithmetic_task, encode_examples, eval_loss, train
+    from llmtool.edit.keystone import (default_eval_texts, default_probes, matched_random, probe_activations,
+                                       rank_neurons)
+    from llmtool.edit.keystone_sft import (SFTConfig, arithmetic_task, encode_examples, task_metrics, train,
+                                          trainable_parameters)
 
     set_seed(args.seed)
     src = resolve_model(args.model)
@@ -50,25 +51,18 @@ def main() -> None:
     ex = encode_examples(tok, arithmetic_task(256 + 64, args.seed))
     train_ex, held = ex[:-64], ex[-64:]
     retention_ids = [tokenize(tok, r["text"]) for r in default_eval_texts()]
-    base = {"target_loss": eval_loss(model, held, pad), "retention_ppl": mean_ppl(model, retention_ids)}
+    base = task_metrics(model, held, retention_ids, pad)
     original = {k: v.detach().clone() for k, v in model.state_dict().items()}
 
     rows = []
     for mode in args.modes.split(","):
         for lr in [float(x) for x in args.lrs.split(",")]:
             cfg = SFTConfig(lr=lr, max_steps=args.steps, batch_size=args.batch_size, seed=args.seed)
-            for p in model.parameters():
-                p.requires_grad_(mode == "full")
-            deltas = None
-            if mode == "full":
-                params = list({id(p): p for p in model.parameters()}.values())
-            else:
-                deltas = RowDeltas(model, keystone if mode == "keystone" else random_set).install()
-                params = deltas.parameters()
+            params, deltas = trainable_parameters(model, mode, keystone if mode == "keystone" else random_set)
             t0 = time.perf_counter()
             train(model, train_ex, params, cfg, pad)
             seconds = time.perf_counter() - t0
-            after = {"target_loss": eval_loss(model, held, pad), "retention_ppl": mean_ppl(model, retention_ids)}
+            after = task_metrics(model, held, retention_ids, pad)
             rows.append({"mode": mode, "lr": lr, "trainable_parameters": sum(p.numel() for p in params),
                          "target_loss_before": base["target_loss"], "target_loss_after": after["target_loss"],
                          "retention_ppl_before": base["retention_ppl"], "retention_ppl_after": after["retention_ppl"],
@@ -87,7 +81,7 @@ def main() -> None:
     md = ["# keystone fine-tuning benchmark", "",
           f"Model `{args.model}`, target task: two-number addition (256 train / 64 held-out examples), "
           f"k = {args.k} neurons, {args.steps} steps of batch {args.batch_size}, seed {args.seed}. Retention: "
-          "perplexity on the 4 packaged capability texts. Command: `python benchmarks/keystone_sft.py`", "",
+          f"perplexity on the 4 packaged capability texts. Command: `python benchmarks/keystone_sft.py --steps {args.steps}`", "",
           "Best learning rate per mode (lowest held-out target loss):", "", markdown_table(best), "",
           "All runs:", "", markdown_table(rows)]
     (RESULTS / f"{args.tag}.md").write_text("\n".join(md) + "\n")

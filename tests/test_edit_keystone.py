@@ -110,3 +110,44 @@ def test_keystone_sft_masking_is_exact(model64):
             keep[:, c] = False
         assert torch.equal(after[k][keep], v[keep]), k
         assert not torch.equal(after[k][~keep], v[~keep]), k
+
+
+def test_keystone_find_then_finetune_cli_changes_only_keystone_rows(tmp_path, tiny_llama_dir):
+    """End to end: `keystone find` ranks neurons, `keystone finetune --trainable keystone` writes a
+    checkpoint in which only the selected rows (and the down_proj columns of ffn neurons) moved."""
+    import json
+
+    from safetensors.torch import load_file
+
+    from conftest import run_cli
+
+    ks = tmp_path / "keystone.json"
+    code, _, err = run_cli("edit", "keystone", "find", str(tiny_llama_dir), "--out", str(ks), "--top", "20")
+    assert code == 0, err
+    out = tmp_path / "sft"
+    code, stdout, err = run_cli("--json", "edit", "keystone", "finetune", str(tiny_llama_dir), str(out),
+                                "--neurons", str(ks), "--k", "5", "--max-steps", "3", "--n-train", "16",
+                                "--lr", "1e-2", "--batch-size", "4")
+    assert code == 0, err
+    res = json.loads(stdout)
+    assert res["trainable"] == "keystone" and res["steps"] == 3
+    a, b = load_file(str(tiny_llama_dir / "model.safetensors")), load_file(str(out / "model.safetensors"))
+    delta = load_file(str(out / "keystone_delta.safetensors"))
+    allowed = {}
+    for name, idx in delta.items():
+        for kind in ("rows", "cols"):
+            suffix = f".weight.{kind}_index"
+            if name.endswith(suffix):
+                allowed[name[: -len(suffix)] + ".weight"] = (kind, set(idx.tolist()))
+    changed = 0
+    for k in a:
+        diff = (a[k] != b[k])
+        if not diff.any():
+            continue
+        changed += 1
+        kind, idx = allowed[k]  # a changed tensor must be a selected module
+        moved = diff.any(1) if kind == "rows" else diff.any(0)
+        assert set(torch.nonzero(moved).flatten().tolist()) <= idx
+    assert changed > 0
+    manifest = json.loads((out / "trainable_manifest.json").read_text())
+    assert manifest["trainable"] == "keystone" and len(manifest["neurons"]) == 5

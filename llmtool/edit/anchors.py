@@ -110,14 +110,15 @@ def compute_z_batch(model, tok, requests: list[EditRequest], layer: int, templat
     kl_b = torch.tensor([b for b, _ in kl_rows], device=device)
     kl_t = torch.tensor([t for _, t in kl_rows], device=device)
 
-    with torch.no_grad():
-        h_all = capture_at(model, batch, pos, [layer], "out")[layer].float()
-        # h_init: the layer output at the subject token of the first template (MEMIT's "{}")
-        h_init = h_all[torch.arange(n_req, device=device) * (n_rw + 1)]
-        logits = model(**batch).logits
-        kl_ref = torch.log_softmax(logits[kl_b, kl_t].float(), -1)
-
     head = model.get_output_embeddings()  # logits only where the loss needs them
+    seen = {}
+    with torch.no_grad(), edit_layer_output(model, layer, lambda h: seen.setdefault("h", h)):
+        hidden = model.base_model(**batch).last_hidden_state
+        kl_ref = torch.log_softmax(head(hidden[kl_b, kl_t]).float(), -1)
+    # h_init: the layer output at the subject token of the first template (MEMIT's "{}")
+    first = torch.arange(n_req, device=device) * (n_rw + 1)
+    h_init = seen["h"][first, pos[first]].float()
+
     delta = torch.zeros_like(h_init, requires_grad=True)
     opt = torch.optim.Adam([delta], lr=cfg.v_lr)
     h_norm = h_init.norm(dim=-1)

@@ -10,8 +10,8 @@ from pathlib import Path
 import torch
 
 from llmtool.core.checkpoint import atomic_output, copy_tokenizer, save_state_dict, write_provenance
-from llmtool.edit.keystone import Neuron, default_eval_texts, mean_ppl
-from llmtool.edit.keystone_sft import RowDeltas, SFTConfig, eval_loss, train
+from llmtool.edit.keystone import Neuron, default_eval_texts
+from llmtool.edit.keystone_sft import SFTConfig, task_metrics, train, trainable_parameters
 
 
 def run_finetune(model, tok, src: Path, out: Path, overwrite: bool, train_ex, held_ex,
@@ -20,23 +20,10 @@ def run_finetune(model, tok, src: Path, out: Path, overwrite: bool, train_ex, he
 
     pad = tok.pad_token_id or 0
     retention_ids = [tokenize(tok, r["text"]) for r in default_eval_texts()]
-    before = {"target_loss": eval_loss(model, held_ex, pad), "retention_ppl": mean_ppl(model, retention_ids)}
-    for p in model.parameters():
-        p.requires_grad_(mode == "full")
-    deltas = None
-    if mode == "full":
-        params = [p for p in model.parameters()]
-        seen, uniq = set(), []
-        for p in params:
-            if id(p) not in seen:
-                seen.add(id(p))
-                uniq.append(p)
-        params = uniq
-    else:
-        deltas = RowDeltas(model, neurons).install()
-        params = deltas.parameters()
+    before = task_metrics(model, held_ex, retention_ids, pad)
+    params, deltas = trainable_parameters(model, mode, neurons)
     records = train(model, train_ex, params, cfg, pad)
-    after = {"target_loss": eval_loss(model, held_ex, pad), "retention_ppl": mean_ppl(model, retention_ids)}
+    after = task_metrics(model, held_ex, retention_ids, pad)
     trainable_count = sum(p.numel() for p in params)
     names = {id(m): n for n, m in model.named_modules()}
     delta_state = deltas.state(names) if deltas else {}

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 import torch
 
-from llmtool.edit.keystone import Neuron, group_channels, module_of
+from llmtool.edit.keystone import Neuron, group_channels, mean_ppl, module_of
 
 
 @dataclass
@@ -188,3 +188,20 @@ def train(model, examples, params: list[torch.Tensor], cfg: SFTConfig, pad_id: i
             log(rec)
         step += 1
     return records
+
+
+def trainable_parameters(model, mode: str, neurons: list[Neuron] | None) -> tuple[list[torch.Tensor], RowDeltas | None]:
+    """What ``mode`` trains: every (deduplicated, tied weights once) parameter for ``full``, else
+    the row deltas of ``neurons``, installed as hooks."""
+    for p in model.parameters():
+        p.requires_grad_(mode == "full")
+    if mode == "full":
+        return list({id(p): p for p in model.parameters()}.values()), None
+    deltas = RowDeltas(model, neurons).install()
+    return deltas.parameters(), deltas
+
+
+def task_metrics(model, held_examples, retention_ids: list[torch.Tensor], pad_id: int) -> dict:
+    """Held-out target-task loss and retention perplexity (on the capability texts)."""
+    return {"target_loss": eval_loss(model, held_examples, pad_id), "retention_ppl": mean_ppl(model, retention_ids)}
+
