@@ -1,30 +1,161 @@
-"""Root command: global options, and one sub-command per area (each area's ``cli.py`` holds a
-Typer app named ``app``; areas are discovered, so adding a method never edits this file)."""
+"""Root command: global options, and one sub-command per area.
+
+Areas are found through :data:`AREAS`, a lazy table of ``name -> (module holding a Typer app, help)``:
+an area's module is imported only when its command runs (or its own ``--help`` is asked for), so
+``llmtool --help`` imports neither torch nor any area. Adding an area is one line here and a folder
+with a ``cli.py``; no area imports another.
+
+The dialect is written down in docs/cli-conventions.md; in short:
+
+- global options (``--json --quiet --debug --device --dtype --seed --threads``) may stand before *or
+  after* the sub-command (``llmtool evaluate ppl MODEL --json`` works);
+- every failure is one ``error:`` line on stderr: exit 2 for usage errors (Typer's own parse errors
+  included), 130 when interrupted, 1 with a hint for internal faults (the traceback only with
+  ``--debug``).
+"""
 from __future__ import annotations
 
 import importlib
 import importlib.util
 import sys
-from typing import Annotated, Optional
+from typing import Annotated, Any, Optional
 
 import typer
+from typer.core import TyperCommand, TyperGroup
+
+try:  # typer >= 0.29 carries its own fork of click
+    from typer import _click as click
+    from typer._click.exceptions import ClickException, NoArgsIsHelpError
+    from typer._click.exceptions import UsageError as ParseError
+    from typer.exceptions import Abort
+except ImportError:  # pragma: no cover - older typer on click
+    import click
+    from click.exceptions import Abort, ClickException, NoArgsIsHelpError
+    from click.exceptions import UsageError as ParseError
 
 from llmtool import __version__
 from llmtool.core.console import OPTIONS, UsageError, fail
 
-# (sub-command name, module holding `app`, one-line help). Order = order in --help.
-AREAS = [
-    ("models", "llmtool.core.models_cli", "Packaged default models: list and materialize them."),
-    ("compress", "llmtool.compress.cli", "Low-rank compression: zs-svd and its SVD baselines."),
-    ("quantize", "llmtool.quantize.cli", "Weight/activation quantization: respinquant, quarot, rtn."),
-    ("kvcache", "llmtool.kvcache.cli", "KV-cache eviction and quantization during generation."),
-    ("edit", "llmtool.edit.cli", "Knowledge editing (memit, alphaedit) and keystone neurons."),
-    ("evaluate", "llmtool.evaluate.cli", "Perplexity, best-model identification, judges, autograders."),
-    ("evade", "llmtool.evade.cli", "Watermarking, detection and watermark-evasion attacks."),
-]
+# name -> (module holding `app`, one-line help). Order = order in --help.
+AREAS: dict[str, tuple[str, str]] = {
+    "models": ("llmtool.core.models_cli", "Packaged default models: list and materialize them."),
+    "compress": ("llmtool.compress.cli", "Low-rank compression: zs-svd and its SVD baselines."),
+    "quantize": ("llmtool.quantize.cli", "Weight/activation quantization: respinquant, quarot, rtn."),
+    "kvcache": ("llmtool.kvcache.cli", "KV-cache eviction and quantization during generation."),
+    "edit": ("llmtool.edit.cli", "Knowledge editing (memit, alphaedit) and keystone neurons."),
+    "evaluate": ("llmtool.evaluate.cli", "Perplexity, best-model identification, judges, autograders."),
+    "evade": ("llmtool.evade.cli", "Watermarking, detection and watermark-evasion attacks."),
+    "select-data": ("llmtool.select_data.cli", "Data selection: GEM domain discovery and mixing, SHIFT."),
+    "route": ("llmtool.route.cli", "Token-level collaboration of expert models: FusionRoute and baselines."),
+    "train": ("llmtool.train.cli", "Training: GRPO (RLVR), pretraining and SFT with AdaGC clipping."),
+    "bench-agent": ("llmtool.bench_agent.cli", "Agent benchmarks: PIPE interface rewrites, UltraHorizon."),
+    "tasks": ("llmtool.learn_program.tasks_cli", "Algorithmic program-learning tasks: list and generate."),
+    "learn-program": ("llmtool.learn_program.cli", "LLM-PV propose-and-verify program learning and baselines."),
+}
+
+# Global options that may follow the sub-command: flag -> takes a value?
+GLOBAL_FLAGS = {"--json": False, "--quiet": False, "-q": False, "--debug": False,
+                "--device": True, "--dtype": True, "--seed": True, "--threads": True}
+
+
+def hoist_globals(args: list[str], commands) -> list[str]:
+    """Move global options found after the sub-command name to before it (``--`` ends the scan)."""
+    args = list(args)
+    pos = next((i for i, a in enumerate(args) if a in commands), None)
+    if pos is None:
+        return args
+    head, tail, moved = args[:pos + 1], [], []
+    rest = args[pos + 1:]
+    i = 0
+    while i < len(rest):
+        a = rest[i]
+        if a == "--":
+            tail.extend(rest[i:])
+            break
+        name = a.split("=", 1)[0]
+        if name in GLOBAL_FLAGS:
+            if GLOBAL_FLAGS[name] and "=" not in a and i + 1 < len(rest):
+                moved.extend(rest[i:i + 2])
+                i += 2
+                continue
+            moved.append(a)
+        else:
+            tail.append(a)
+        i += 1
+    return head[:pos] + moved + head[pos:] + tail
+
+
+def _area_available(module: str) -> bool:
+    try:
+        return importlib.util.find_spec(module) is not None
+    except ModuleNotFoundError:
+        return False
+
+
+class AreaGroup(TyperGroup):
+    """The root group: areas loaded lazily, globals hoisted, every error one line."""
+
+    _listing = False
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return [n for n, (m, _) in AREAS.items() if _area_available(m)]
+
+    def get_command(self, ctx: click.Context, name: str) -> Optional[click.Command]:
+        if name not in AREAS or not _area_available(AREAS[name][0]):
+            return None
+        module, help_text = AREAS[name]
+        if self._listing:  # root --help: a name and a line, no import
+            return TyperCommand(name, help=help_text, short_help=help_text, callback=None)
+        sub = typer.main.get_command(importlib.import_module(module).app)
+        sub.name = name
+        if not sub.help:
+            sub.help = help_text
+        sub.short_help = help_text
+        return sub
+
+    def format_help(self, ctx: click.Context, formatter: Any) -> None:
+        self._listing = True
+        try:
+            super().format_help(ctx, formatter)
+        finally:
+            self._listing = False
+
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        return super().parse_args(ctx, hoist_globals(args, AREAS))
+
+    def main(self, args: Any = None, prog_name: Any = None, complete_var: Any = None,
+             standalone_mode: bool = True, **extra: Any) -> Any:
+        args = sys.argv[1:] if args is None else list(args)
+        try:
+            rv = super().main(args=args, prog_name=prog_name or "llmtool", complete_var=complete_var,
+                              standalone_mode=False, **extra)
+        except NoArgsIsHelpError as e:
+            click.echo(e.ctx.get_help())
+            rv = 0
+        except ParseError as e:
+            where = f"`{e.ctx.command_path}`: " if e.ctx is not None and e.ctx.command_path != "llmtool" else ""
+            fail(f"{where}{e.format_message()} (see --help)", 2)
+        except ClickException as e:
+            fail(e.format_message(), e.exit_code)
+        except UsageError as e:
+            fail(str(e), e.exit_code)
+        except (Abort, KeyboardInterrupt):
+            fail("interrupted", 130)
+        except SystemExit:
+            raise
+        except Exception as e:  # an internal fault: one line and a hint, the traceback only on request
+            if OPTIONS.debug:
+                raise
+            msg = str(e).splitlines()[0] if str(e) else ""
+            fail(f"internal error: {type(e).__name__}: {msg} (rerun with --debug for the traceback)", 1)
+        if standalone_mode:
+            sys.exit(rv if isinstance(rv, int) else 0)
+        return rv
+
 
 app = typer.Typer(
-    name="llmtool", help="Recent LLM research methods and their baselines, on local Hugging Face checkpoints.",
+    name="llmtool", cls=AreaGroup,
+    help="Recent LLM research methods and their baselines, on local Hugging Face checkpoints.",
     rich_markup_mode="rich", no_args_is_help=True, pretty_exceptions_enable=False, add_completion=False,
 )
 
@@ -40,27 +171,28 @@ def root(
     json_out: Annotated[bool, typer.Option("--json", help="Print machine-readable JSON on stdout.")] = False,
     device: Annotated[str, typer.Option(help="Torch device: cpu, cuda, cuda:1 ...")] = "cpu",
     dtype: Annotated[str, typer.Option(help="Compute dtype: float32, bfloat16, float16, float64.")] = "float32",
-    seed: Annotated[int, typer.Option(help="Random seed for data sampling and methods.")] = 0,
+    seed: Annotated[int, typer.Option(help="Random seed for data sampling and methods.", min=0,
+                                      max=2**63 - 1)] = 0,
+    threads: Annotated[Optional[int], typer.Option(
+        help="CPU threads for torch (default: torch's choice, or $LLMTOOL_THREADS).", min=1)] = None,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress bars or status lines.")] = False,
+    debug: Annotated[bool, typer.Option("--debug", help="Show the traceback of internal errors.")] = False,
     version: Annotated[Optional[bool], typer.Option("--version", callback=_version, is_eager=True,
                                                     help="Show the version and exit.")] = None,
 ) -> None:
+    if dtype not in ("float32", "fp32", "float16", "fp16", "bfloat16", "bf16", "float64", "fp64"):
+        raise UsageError(f"unknown --dtype {dtype!r}; choose one of: float32, float16, bfloat16, float64")
     OPTIONS.json, OPTIONS.device, OPTIONS.dtype, OPTIONS.seed, OPTIONS.quiet = json_out, device, dtype, seed, quiet
+    OPTIONS.threads, OPTIONS.debug = threads, debug
+    if threads is not None:
+        from llmtool.core.job import apply_threads
 
-
-for _name, _module, _help in AREAS:
-    if importlib.util.find_spec(_module) is not None:
-        app.add_typer(importlib.import_module(_module).app, name=_name, help=_help)
+        apply_threads(threads)
 
 
 def main() -> None:
-    """Console-script entry point: user errors become one line on stderr and exit code 2."""
-    try:
-        app()
-    except UsageError as e:
-        fail(str(e), e.exit_code)
-    except KeyboardInterrupt:
-        fail("interrupted", 130)
+    """Console-script entry point (errors are handled by :class:`AreaGroup`)."""
+    app()
 
 
 if __name__ == "__main__":  # pragma: no cover

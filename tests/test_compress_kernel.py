@@ -6,7 +6,7 @@ os.environ["TRITON_INTERPRET"] = "1"  # must precede the triton import in kernel
 import pytest  # noqa: E402
 import torch  # noqa: E402
 
-from kernels import lowrank_matmul as lm  # noqa: E402
+from llmtool.kernels import lowrank_matmul as lm  # noqa: E402
 
 
 @pytest.mark.skipif(not lm.HAVE_TRITON, reason="triton not installed")

@@ -9,9 +9,9 @@ os.environ["TRITON_INTERPRET"] = "1"
 import pytest  # noqa: E402
 import torch  # noqa: E402
 
-import kernels.kv_quant  # noqa: E402
+import llmtool.kernels.kv_quant  # noqa: E402
 
-kvq = importlib.reload(kernels.kv_quant)  # re-decorate the kernels in interpreter mode
+kvq = importlib.reload(llmtool.kernels.kv_quant)  # re-decorate the kernels in interpreter mode
 
 
 @pytest.mark.skipif(not kvq.HAVE_TRITON, reason="triton not installed")

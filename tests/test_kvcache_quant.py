@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from conftest import build_tiny_llama
-from kernels.kv_quant import dequantize_groups, group_stats, pack_reference, quantize_groups, unpack_reference
+from llmtool.kernels.kv_quant import dequantize_groups, group_stats, pack_reference, quantize_groups, unpack_reference
 from llmtool.kvcache import patternkv as pk
 from llmtool.kvcache.cache import KVCache
 from llmtool.kvcache.kivi import KIVILayer

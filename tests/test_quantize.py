@@ -223,7 +223,7 @@ def test_respinquant_training_changes_rotations_and_keeps_them_orthogonal():
     m = copy.deepcopy(model)
     rep = quantize_(m, cfg, _ids(4, 32, 2))
     rot = rep["rotations"]
-    from kernels.hadamard import hadamard_matrix
+    from llmtool.kernels.hadamard import hadamard_matrix
 
     assert (rot.R1[0].detach() - hadamard_matrix(64, torch.float32)).abs().max() > 1e-4
     eye = torch.eye(64)

@@ -8,7 +8,7 @@ import torch  # noqa: E402
 
 triton = pytest.importorskip("triton")
 
-from kernels import hadamard, intpack, quant, w4a4_matmul  # noqa: E402
+from llmtool.kernels import hadamard, intpack, quant, w4a4_matmul  # noqa: E402
 
 
 @pytest.mark.parametrize("n", [16, 64, 576, 960, 1536, 2560])

@@ -24,7 +24,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from kernels.lowrank_matmul import lowrank_matmul
+from llmtool.kernels.lowrank_matmul import lowrank_matmul
 
 FORMAT_KEY = "llmtool_lowrank"
 FORMAT_VERSION = 1

@@ -162,7 +162,7 @@ def dir_size_bytes(path: Path, pattern: str = "*.safetensors") -> int:
 
 def check_output(out: Path, overwrite: bool, inputs: tuple[Path, ...] = ()) -> Path:
     """Validate an output path before any work: it must not exist unless --overwrite, must not be
-    (or lie inside) an input, and its parent must be creatable."""
+    (or lie inside) an input, and its parent must be a writable directory (or creatable)."""
     out = Path(out).resolve()
     for src in inputs:
         src = Path(src).resolve()
@@ -170,27 +170,67 @@ def check_output(out: Path, overwrite: bool, inputs: tuple[Path, ...] = ()) -> P
             raise UsageError(f"{out}: output would overwrite or nest inside the input {src}")
     if out.exists() and not overwrite:
         raise UsageError(f"{out}: already exists (pass --overwrite to replace it)")
+    parent = out.parent
+    while not parent.exists() and parent != parent.parent:
+        parent = parent.parent
+    if not parent.is_dir():
+        raise UsageError(f"{out}: cannot create it, {parent} is not a directory")
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise UsageError(f"{out}: cannot write there ({parent} is not writable)")
     return out
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def clean_stale_temps(out: Path) -> list[Path]:
+    """Remove ``.OUT.tmp-PID-*`` siblings left by runs that were killed (their PID is gone)."""
+    out = Path(out)
+    removed = []
+    if not out.parent.is_dir():
+        return removed
+    for p in out.parent.glob(f".{out.name}.tmp-*"):
+        parts = p.name[len(f".{out.name}.tmp-"):].split("-", 1)
+        if parts and parts[0].isdigit() and int(parts[0]) != os.getpid() and not _pid_alive(int(parts[0])):
+            shutil.rmtree(p, ignore_errors=True) if p.is_dir() else p.unlink(missing_ok=True)
+            removed.append(p)
+    return removed
 
 
 @contextlib.contextmanager
 def atomic_output(out: Path, overwrite: bool = False) -> Iterator[Path]:
-    """Yield a temporary directory that becomes ``out`` only if the block succeeds."""
-    out = Path(out).resolve()
-    if out.exists() and not overwrite:
-        raise UsageError(f"{out}: already exists (pass --overwrite to replace it)")
+    """Yield a temporary directory that becomes ``out`` only if the block succeeds.
+
+    Without ``overwrite`` the final rename refuses to replace an ``out`` that appeared meanwhile (a
+    second writer gets "already exists", never a silently lost result). Temp dirs of killed runs on
+    the same ``out`` are removed first."""
+    out = check_output(out, overwrite)
     out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
+    clean_stale_temps(out)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-{os.getpid()}-", dir=out.parent))
     tmp.chmod(0o755)  # mkdtemp makes it 0700; the output is an ordinary directory
     try:
         yield tmp
-        if out.exists():
+        if out.exists() or out.is_symlink():
+            if not overwrite:
+                raise UsageError(f"{out}: already exists (written by another run meanwhile; pass --overwrite to replace it)")
             old = out.with_name(f".{out.name}.old-{os.getpid()}")
             out.rename(old)
             tmp.rename(out)
             shutil.rmtree(old) if old.is_dir() else old.unlink()
         else:
-            tmp.rename(out)
+            try:
+                os.mkdir(out)  # claims the name atomically: a concurrent writer fails here
+            except FileExistsError:
+                raise UsageError(f"{out}: already exists (written by another run meanwhile)") from None
+            tmp.rename(out)  # replaces the empty directory we just created
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
@@ -198,17 +238,26 @@ def atomic_output(out: Path, overwrite: bool = False) -> Iterator[Path]:
 
 @contextlib.contextmanager
 def atomic_file(out: Path, overwrite: bool = True) -> Iterator[Path]:
-    """Yield a temporary file path that replaces ``out`` only if the block succeeds."""
+    """Yield a temporary file path that becomes ``out`` only if the block succeeds (never replacing an
+    existing file unless ``overwrite``; caches use the default, user outputs pass their --overwrite)."""
     out = Path(out)
-    if out.exists() and not overwrite:
-        raise UsageError(f"{out}: already exists (pass --overwrite to replace it)")
+    if out.is_dir():
+        raise UsageError(f"{out}: is a directory (give a file path)")
+    check_output(out, overwrite)
     out.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{out.name}.tmp-", dir=out.parent)
+    fd, tmp = tempfile.mkstemp(prefix=f".{out.name}.tmp-{os.getpid()}-", dir=out.parent)
     os.close(fd)
     os.chmod(tmp, 0o644)
     try:
         yield Path(tmp)
-        os.replace(tmp, out)
+        if overwrite:
+            os.replace(tmp, out)
+        else:
+            try:
+                os.link(tmp, out)  # fails if out exists: no silent replacement
+            except FileExistsError:
+                raise UsageError(f"{out}: already exists (pass --overwrite to replace it)") from None
+            os.unlink(tmp)
     except BaseException:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp)

@@ -35,6 +35,8 @@ class GlobalOptions:
     dtype: str = "float32"
     seed: int = 0
     quiet: bool = False
+    threads: int | None = None
+    debug: bool = False
 
 
 OPTIONS = GlobalOptions()

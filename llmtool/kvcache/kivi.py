@@ -24,7 +24,7 @@ from __future__ import annotations
 import torch
 from transformers.cache_utils import CacheLayerMixin
 
-from kernels.kv_quant import dequantize_groups, quantize_groups
+from llmtool.kernels.kv_quant import dequantize_groups, quantize_groups
 from llmtool.core.console import UsageError
 from llmtool.kvcache.cache import tensor_bytes
 

@@ -31,7 +31,7 @@ KEY = "llmtool_quant"
 
 
 def quant_block(cfg, rotated: bool, rank: int | None, model_config) -> dict:
-    from kernels.hadamard import factorize
+    from llmtool.kernels.hadamard import factorize
 
     return {
         "method": cfg.method, "format_version": FORMAT_VERSION,
@@ -95,7 +95,7 @@ def build_structure(model, block: dict) -> None:
             if w["bits"] < 16:
                 del q.weight
                 q.w_bits = w["bits"]
-                from kernels.intpack import packed_width
+                from llmtool.kernels.intpack import packed_width
 
                 q.register_buffer("weight_packed", torch.zeros(lin.out_features, packed_width(lin.in_features, w["bits"]),
                                                                dtype=torch.uint8))

@@ -19,10 +19,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from kernels.hadamard import hadamard_transform
-from kernels.intpack import pack, packed_width, unpack
-from kernels.quant import quantize_per_token
-from kernels.w4a4_matmul import w4a4_matmul
+from llmtool.kernels.hadamard import hadamard_transform
+from llmtool.kernels.intpack import pack, packed_width, unpack
+from llmtool.kernels.quant import quantize_per_token
+from llmtool.kernels.w4a4_matmul import w4a4_matmul
 from llmtool.quantize.quantizers import dequantize_weight, fake_quant_act, fake_quant_act_ste, weight_zero
 
 BLOCK_LINEARS = ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj",

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import torch
 
-from kernels.quant import fake_quant_per_token
+from llmtool.kernels.quant import fake_quant_per_token
 
 FP16_TINY = 2.0 ** -20
 

@@ -37,7 +37,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from kernels.hadamard import hadamard_transform
+from llmtool.kernels.hadamard import hadamard_transform
 from llmtool.core.console import info, progress
 from llmtool.core.models import decoder_layers
 from llmtool.quantize import rotations as R

@@ -35,7 +35,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from kernels.hadamard import hadamard_matrix
+from llmtool.kernels.hadamard import hadamard_matrix
 from llmtool.core.console import UsageError
 from llmtool.core.models import decoder_layers
 

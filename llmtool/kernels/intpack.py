@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import torch
 
-from kernels._dispatch import use_triton
+from llmtool.kernels._dispatch import use_triton
 
 
 def _check(codes: torch.Tensor, bits: int, multiple: int) -> None:

@@ -15,8 +15,8 @@ from __future__ import annotations
 
 import torch
 
-from kernels._dispatch import use_triton
-from kernels.intpack import unpack_int4_reference
+from llmtool.kernels._dispatch import use_triton
+from llmtool.kernels.intpack import unpack_int4_reference
 
 
 def centered_weight(w_packed: torch.Tensor, w_zero: int) -> torch.Tensor:

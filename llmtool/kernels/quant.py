@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import torch
 
-from kernels._dispatch import use_triton
+from llmtool.kernels._dispatch import use_triton
 
 
 def _params_reference(x: torch.Tensor, bits: int, symmetric: bool, clip_ratio: float):

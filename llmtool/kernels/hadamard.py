@@ -16,7 +16,7 @@ import math
 
 import torch
 
-from kernels._dispatch import use_triton
+from llmtool.kernels._dispatch import use_triton
 
 PALEY_PRIMES = {12: 11, 20: 19, 44: 43}  # Paley construction I: order q + 1 for primes q ≡ 3 (mod 4)
 

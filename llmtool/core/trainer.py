@@ -1,0 +1,199 @@
+"""The one trainer every area fine-tunes with: transformers' ``Trainer`` (which runs on ``accelerate``,
+so ``accelerate launch`` — and DeepSpeed/FSDP through it — scales the same call to many GPUs).
+
+:func:`sft` trains a causal LM in place on prompt/completion pairs (loss on completion tokens only)
+or on plain texts (loss on every token), optionally through a LoRA adapter (``peft``) that is merged
+back at the end so the caller gets an ordinary model. Areas pass their own ``TrainerCallback`` objects
+(e.g. gradient clipping policies, metric loggers) and, for custom losses, a ``Trainer`` subclass via
+``trainer_cls``.
+
+Why transformers' Trainer rather than a loop of our own: it already handles accelerate's device
+placement, mixed precision, gradient accumulation, checkpoint/resume and multi-GPU launch, which is
+exactly what must not be re-implemented per area.
+"""
+from __future__ import annotations
+
+import json
+import tempfile
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any, Sequence
+
+import torch
+
+from llmtool.core.console import UsageError
+
+
+@dataclass
+class TrainArgs:
+    lr: float = 5e-5
+    epochs: float = 1.0
+    max_steps: int = -1               # > 0 overrides epochs
+    batch_size: int = 8
+    grad_accum: int = 1
+    max_length: int = 512
+    warmup_ratio: float = 0.0        # fraction of steps (transformers 5: a float < 1 in warmup_steps)
+    weight_decay: float = 0.0
+    max_grad_norm: float = 1.0        # 0 turns the Trainer's global clipping off (e.g. for AdaGC)
+    lr_scheduler: str = "linear"
+    lora_r: int = 0                   # 0 = full fine-tune
+    lora_alpha: int = 16
+    lora_dropout: float = 0.0
+    seed: int = 0
+    logging_steps: int = 10
+    save_steps: int = 0               # 0 = no intermediate checkpoints
+    gradient_checkpointing: bool = False
+    bf16: bool = False
+    optim: str = "adamw_torch"
+    adam_beta2: float = 0.999
+    adam_epsilon: float = 1e-8
+
+    def validate(self) -> None:
+        import math
+
+        for name in ("lr", "epochs", "warmup_ratio", "weight_decay", "max_grad_norm", "adam_beta2", "adam_epsilon"):
+            v = getattr(self, name)
+            if not math.isfinite(v) or v < 0:
+                raise UsageError(f"--{name.replace('_', '-')} {v}: must be a finite number >= 0")
+        if self.lr <= 0:
+            raise UsageError(f"--lr {self.lr}: must be > 0")
+        for name in ("batch_size", "grad_accum", "max_length"):
+            if getattr(self, name) < 1:
+                raise UsageError(f"--{name.replace('_', '-')} {getattr(self, name)}: must be >= 1")
+
+
+class _Examples(torch.utils.data.Dataset):
+    def __init__(self, rows: list[dict]):
+        self.rows = rows
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    def __getitem__(self, i: int) -> dict:
+        return self.rows[i]
+
+
+def encode_examples(tokenizer, examples: Sequence[dict], max_length: int) -> list[dict]:
+    """Token ids and labels (-100 on prompt tokens) for ``{"prompt", "completion"}`` or ``{"text"}`` rows.
+    The end-of-sequence token is appended to completions/texts so the model learns to stop."""
+    eos = tokenizer.eos_token_id
+    rows = []
+    for i, ex in enumerate(examples):
+        if "text" in ex:
+            ids = tokenizer(ex["text"], add_special_tokens=False)["input_ids"] + ([eos] if eos is not None else [])
+            labels = list(ids)
+        elif "prompt" in ex and "completion" in ex:
+            p = tokenizer(ex["prompt"], add_special_tokens=False)["input_ids"]
+            c = tokenizer(ex["completion"], add_special_tokens=False)["input_ids"] + ([eos] if eos is not None else [])
+            ids, labels = p + c, [-100] * len(p) + c
+        else:
+            raise UsageError(f"training example {i}: needs 'text' or 'prompt' and 'completion'")
+        ids, labels = ids[:max_length], labels[:max_length]
+        if any(l != -100 for l in labels[1:]):
+            rows.append({"input_ids": ids, "labels": labels})
+    if not rows:
+        raise UsageError("no training example has a target token within --max-length")
+    return rows
+
+
+def _collate(pad_id: int):
+    def collate(batch: list[dict]) -> dict:
+        width = max(len(b["input_ids"]) for b in batch)
+        ids = torch.full((len(batch), width), pad_id, dtype=torch.long)
+        labels = torch.full((len(batch), width), -100, dtype=torch.long)
+        mask = torch.zeros((len(batch), width), dtype=torch.long)
+        for i, b in enumerate(batch):
+            n = len(b["input_ids"])
+            ids[i, :n] = torch.tensor(b["input_ids"])
+            labels[i, :n] = torch.tensor(b["labels"])
+            mask[i, :n] = 1
+        return {"input_ids": ids, "labels": labels, "attention_mask": mask}
+
+    return collate
+
+
+def training_arguments(args: TrainArgs, output_dir: str, **overrides: Any):
+    """transformers ``TrainingArguments`` for :class:`TrainArgs` (no hub, no external loggers)."""
+    from transformers import TrainingArguments
+
+    kw = dict(
+        output_dir=output_dir, learning_rate=args.lr, num_train_epochs=args.epochs, max_steps=args.max_steps,
+        per_device_train_batch_size=args.batch_size, gradient_accumulation_steps=args.grad_accum,
+        warmup_steps=float(args.warmup_ratio), weight_decay=args.weight_decay, max_grad_norm=args.max_grad_norm,
+        lr_scheduler_type=args.lr_scheduler, seed=args.seed, data_seed=args.seed,
+        logging_steps=args.logging_steps, save_strategy="steps" if args.save_steps > 0 else "no",
+        save_steps=max(args.save_steps, 1), report_to=[], disable_tqdm=True, remove_unused_columns=False,
+        bf16=args.bf16, optim=args.optim,
+        adam_beta2=args.adam_beta2, adam_epsilon=args.adam_epsilon, dataloader_num_workers=0,
+        use_cpu=not torch.cuda.is_available(),
+    )
+    if args.gradient_checkpointing:
+        kw["gradient_checkpointing"] = True
+    kw.update(overrides)
+    return TrainingArguments(**kw)
+
+
+def sft(model, tokenizer, examples: Sequence[dict], args: TrainArgs | None = None, out_dir: Path | None = None,
+        callbacks: Sequence = (), metrics_path: Path | None = None, trainer_cls=None,
+        trainable: Sequence[str] | None = None, resume: bool | str = False, **trainer_kwargs: Any) -> dict:
+    """Fine-tune ``model`` in place; returns ``{"train_loss", "steps", "seconds", "log_history"}``.
+
+    ``trainable``: names of parameters to train (all others frozen), e.g. a keystone subset.
+    ``out_dir``: where the Trainer keeps checkpoints (a temporary directory when None).
+    ``metrics_path``: the Trainer's log history is written there as JSONL."""
+    from transformers import PrinterCallback, Trainer
+
+    args = args or TrainArgs()
+    args.validate()
+    rows = encode_examples(tokenizer, examples, args.max_length)
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else (tokenizer.eos_token_id or 0)
+    peft_model = None
+    if args.lora_r > 0:
+        from peft import LoraConfig, get_peft_model
+
+        lcfg = LoraConfig(r=args.lora_r, lora_alpha=args.lora_alpha, lora_dropout=args.lora_dropout,
+                          target_modules="all-linear", task_type="CAUSAL_LM")
+        peft_model = get_peft_model(model, lcfg)
+    elif trainable is not None:
+        wanted = set(trainable)
+        names = {n for n, _ in model.named_parameters()}
+        missing = sorted(wanted - names)
+        if missing:
+            raise UsageError(f"unknown parameter names to train: {', '.join(missing[:5])}")
+        for n, p in model.named_parameters():
+            p.requires_grad_(n in wanted)
+    train_model = peft_model if peft_model is not None else model
+    was_training = train_model.training
+    tmp = None
+    if out_dir is None:
+        tmp = tempfile.TemporaryDirectory(prefix="llmtool-train-")
+        out_dir = Path(tmp.name)
+    cls = trainer_cls or Trainer
+    trainer = cls(model=train_model, args=training_arguments(args, str(out_dir)), train_dataset=_Examples(rows),
+                  data_collator=_collate(pad), callbacks=list(callbacks), **trainer_kwargs)
+    trainer.remove_callback(PrinterCallback)  # logs go to metrics_path / the returned history, never stdout
+    start = time.time()
+    try:
+        result = trainer.train(resume_from_checkpoint=resume or None)
+    finally:
+        if tmp is not None:
+            tmp.cleanup()
+    seconds = time.time() - start
+    if peft_model is not None:
+        merged = peft_model.merge_and_unload()
+        if merged is not model:  # merge_and_unload returns the base model with merged weights
+            model.load_state_dict(merged.state_dict())
+    if trainable is not None:
+        for p in model.parameters():
+            p.requires_grad_(True)
+    train_model.train(was_training)
+    model.eval()
+    history = list(trainer.state.log_history)
+    if metrics_path is not None:
+        with open(metrics_path, "w") as fh:
+            for rec in history:
+                fh.write(json.dumps(rec) + "\n")
+    return {"train_loss": float(result.training_loss), "steps": int(trainer.state.global_step),
+            "seconds": round(seconds, 3), "examples": len(rows), "log_history": history,
+            "args": asdict(args)}
