@@ -9,10 +9,7 @@ import pytest
 
 from llmtool.cli import AREAS, _area_available
 
-try:
-    from typer._click.core import Group  # typer >= 0.29
-except ImportError:  # pragma: no cover
-    from click import Group
+from typer.core import TyperGroup as Group
 
 AVAILABLE = [(name, mod) for name, (mod, _) in AREAS.items() if _area_available(mod)]
 

@@ -45,17 +45,71 @@ def read_config(model_dir: Path) -> dict:
 
 
 def weight_files(model_dir: Path) -> list[Path]:
+    """The safetensors weight files of a checkpoint (pickle-only checkpoints are refused: loading a
+    pickle runs arbitrary code)."""
     model_dir = Path(model_dir)
     index = model_dir / SAFE_INDEX
     if index.is_file():
-        names = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+        try:
+            names = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+        except (json.JSONDecodeError, KeyError, TypeError, AttributeError, UnicodeDecodeError):
+            raise UsageError(f"{index}: not a valid safetensors index (no weight_map)") from None
+        missing = [n for n in names if not (model_dir / n).is_file()]
+        if missing:
+            raise UsageError(f"{index}: names missing weight file {missing[0]}")
         return [model_dir / n for n in names]
     if (model_dir / SAFE_SINGLE).is_file():
         return [model_dir / SAFE_SINGLE]
     found = sorted(model_dir.glob("*.safetensors"))
     if not found:
+        pickles = sorted(p.name for p in model_dir.glob("*.bin")) + sorted(p.name for p in model_dir.glob("*.pt"))
+        if pickles:
+            raise UsageError(f"{model_dir}: only pickle weights ({pickles[0]}); llmtool loads safetensors only "
+                             "(convert them with a trusted tool first)")
         raise UsageError(f"{model_dir}: no *.safetensors weights found")
     return found
+
+
+SAFETENSORS_DTYPES = {"BOOL": 1, "U8": 1, "I8": 1, "F8_E4M3": 1, "F8_E5M2": 1, "I16": 2, "U16": 2, "F16": 2,
+                      "BF16": 2, "I32": 4, "U32": 4, "F32": 4, "I64": 8, "U64": 8, "F64": 8}
+
+
+def check_safetensors(path: Path) -> dict:
+    """Validate a safetensors file's header against its size before anything loads it; returns the
+    header. A truncated file, a corrupt or oversized header, or tensors outside the file are errors."""
+    path = Path(path)
+    size = path.stat().st_size
+    with open(path, "rb") as fh:
+        head = fh.read(8)
+        if len(head) < 8:
+            raise UsageError(f"{path}: corrupt safetensors file (shorter than its 8-byte header length)")
+        n = int.from_bytes(head, "little")
+        if n <= 1 or n > min(size - 8, 100 * 1024**2):
+            raise UsageError(f"{path}: corrupt safetensors file (header length {n} does not fit a {size}-byte file)")
+        try:
+            header = json.loads(fh.read(n).decode("utf-8"))
+        except (UnicodeDecodeError, json.JSONDecodeError):
+            raise UsageError(f"{path}: corrupt safetensors file (header is not JSON)") from None
+    if not isinstance(header, dict):
+        raise UsageError(f"{path}: corrupt safetensors file (header is not an object)")
+    end = 0
+    for name, info in header.items():
+        if name == "__metadata__":
+            continue
+        try:
+            lo, hi = info["data_offsets"]
+            width = SAFETENSORS_DTYPES[info["dtype"]]
+            count = 1
+            for d in info["shape"]:
+                count *= int(d)
+        except (KeyError, TypeError, ValueError):
+            raise UsageError(f"{path}: corrupt safetensors file (bad entry for tensor {name!r})") from None
+        if not (0 <= lo <= hi) or hi - lo != count * width:
+            raise UsageError(f"{path}: corrupt safetensors file (tensor {name!r} has inconsistent offsets)")
+        end = max(end, hi)
+    if 8 + n + end > size:
+        raise UsageError(f"{path}: truncated safetensors file ({size} bytes, header promises {8 + n + end})")
+    return header
 
 
 class LazyCheckpoint:

@@ -39,8 +39,12 @@ def iter_jsonl(path: str | Path) -> Iterator[tuple[int, dict]]:
     path = Path(path)
     if not path.is_file():
         raise UsageError(f"{path}: no such file")
-    with open(path, encoding="utf-8") as fh:
-        for i, line in enumerate(fh, 1):
+    with open(path, "rb") as fh:
+        for i, raw in enumerate(fh, 1):
+            try:
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError as e:
+                raise UsageError(f"{path}:{i}: not UTF-8 text (byte {e.start})") from None
             if not line.strip():
                 continue
             try:
@@ -79,14 +83,23 @@ def read_table(path: str | Path, required: Sequence[str] = ()) -> list[dict]:
     if not path.is_file():
         raise UsageError(f"{path}: no such file")
     if path.suffix == ".parquet":
+        import pyarrow
         import pyarrow.parquet as pq
 
-        rows = pq.read_table(path).to_pylist()
+        try:
+            rows = pq.read_table(path).to_pylist()
+        except (pyarrow.ArrowException, OSError) as e:
+            raise UsageError(f"{path}: not a readable parquet file ({str(e).splitlines()[0][:120]})") from None
     else:
         import csv
 
-        with open(path, newline="", encoding="utf-8") as fh:
-            rows = list(csv.DictReader(fh))
+        try:
+            with open(path, newline="", encoding="utf-8") as fh:
+                rows = list(csv.DictReader(fh))
+        except UnicodeDecodeError as e:
+            raise UsageError(f"{path}: not UTF-8 text (byte {e.start})") from None
+        except csv.Error as e:
+            raise UsageError(f"{path}: malformed CSV ({e})") from None
     for f in required:
         if rows and f not in rows[0]:
             raise UsageError(f"{path}: missing column {f!r}")

@@ -83,25 +83,82 @@ def check_causal_lm(path: Path, config: dict | None = None) -> dict:
     return config
 
 
+def refuse_remote_code(path: Path, config: dict | None = None) -> None:
+    """A checkpoint whose config asks to run its own code (``auto_map``) is refused: llmtool never runs
+    remote code, and transformers would otherwise ask on a terminal."""
+    import json
+
+    config = config if config is not None else read_config(path)
+    if "auto_map" in config:
+        raise UsageError(f"{path}/config.json: auto_map asks to run the checkpoint's own code; "
+                         "llmtool never runs remote code")
+    tc = Path(path) / "tokenizer_config.json"
+    if tc.is_file():
+        try:
+            if "auto_map" in json.loads(tc.read_text()):
+                raise UsageError(f"{tc}: auto_map asks to run the checkpoint's own code; llmtool never runs remote code")
+        except (json.JSONDecodeError, UnicodeDecodeError):
+            raise UsageError(f"{tc}: invalid JSON") from None
+
+
+def check_weights(path: Path) -> None:
+    """Every weight file's safetensors header is checked against its size before anything loads it."""
+    from llmtool.core.checkpoint import check_safetensors, weight_files
+
+    for f in weight_files(path):
+        check_safetensors(f)
+
+
+def check_finite(model, path: Path | str) -> None:
+    """Refuse a model with NaN/inf weights (set $LLMTOOL_ALLOW_NONFINITE=1 to load it anyway)."""
+    if os.environ.get("LLMTOOL_ALLOW_NONFINITE") == "1":
+        return
+    for name, p in model.named_parameters():
+        if p.is_floating_point() and p.device.type != "meta" and not bool(torch.isfinite(p).all()):
+            raise UsageError(f"{path}: weight {name} has NaN or infinite values "
+                             "(set LLMTOOL_ALLOW_NONFINITE=1 to load it anyway)")
+
+
 def load_model(model, dtype=None, device=None, check: bool = True):
-    """Load a causal LM (any HF dir, default alias, or llmtool output) in eval mode."""
+    """Load a causal LM (any HF dir, default alias, or llmtool output) in eval mode.
+
+    Safety and integrity: safetensors only (headers checked first), never remote code, every tensor the
+    architecture expects must be in the checkpoint (missing or unexpected keys are an error, never
+    re-initialised), and no NaN/inf weights."""
     path = resolve_model(model)
     config = read_config(path)
     if check:
         check_causal_lm(path, config)
+    refuse_remote_code(path, config)
     torch_dtype = parse_dtype(dtype)
     dev = parse_device(device)
+    check_weights(path)
     for key, module in FORMAT_MODULES.items():
         if key in config:
             mod = importlib.import_module(module)
             m = mod.load_checkpoint(path, config, torch_dtype, dev)
+            check_finite(m, path)
             return m.eval()
     from transformers import AutoModelForCausalLM
 
     try:
-        m = AutoModelForCausalLM.from_pretrained(path, dtype=torch_dtype, local_files_only=True)
-    except (OSError, ValueError, KeyError) as e:
-        raise UsageError(f"{path}: cannot load model ({str(e).splitlines()[0]})") from None
+        m, info = AutoModelForCausalLM.from_pretrained(path, dtype=torch_dtype, local_files_only=True,
+                                                       trust_remote_code=False, use_safetensors=True,
+                                                       output_loading_info=True)
+    except (OSError, ValueError, KeyError, RuntimeError) as e:
+        raise UsageError(f"{path}: cannot load model ({str(e).splitlines()[0][:200]})") from None
+    missing = sorted(info.get("missing_keys") or [])
+    unexpected = sorted(info.get("unexpected_keys") or [])
+    mismatched = info.get("mismatched_keys") or []
+    if missing:
+        raise UsageError(f"{path}: checkpoint lacks {len(missing)} weight(s) the model needs, e.g. {missing[0]} "
+                         "(refusing to initialise them randomly)")
+    if unexpected:
+        raise UsageError(f"{path}: checkpoint has {len(unexpected)} weight(s) the architecture does not use, "
+                         f"e.g. {unexpected[0]}")
+    if mismatched:
+        raise UsageError(f"{path}: weight shapes do not match config.json, e.g. {mismatched[0][0]}")
+    check_finite(m, path)
     return m.to(dev).eval()
 
 
@@ -109,8 +166,9 @@ def load_tokenizer(model):
     from transformers import AutoTokenizer
 
     path = resolve_model(model)
+    refuse_remote_code(path)
     try:
-        tok = AutoTokenizer.from_pretrained(path, local_files_only=True)
+        tok = AutoTokenizer.from_pretrained(path, local_files_only=True, trust_remote_code=False)
     except (OSError, ValueError) as e:
         raise UsageError(f"{path}: cannot load tokenizer ({str(e).splitlines()[0]})") from None
     if tok.pad_token is None:

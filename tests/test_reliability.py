@@ -1,0 +1,219 @@
+"""Hostile inputs against every command that loads a model or reads data (issue: no traceback, no silent
+garbage, fast failure).
+
+Each case asserts: the exit code, exactly one `error:` line that names the offending file or field, no
+traceback, no output or temp dir left behind, and inputs byte-identical afterwards (sha256).
+
+New commands join by adding a row to :data:`MODEL_COMMANDS` (how to call them with a MODEL and an OUT)
+or :data:`DATA_CASES`; the case count per command is written by `make reliability-report` into
+docs/reliability.md.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import shutil
+import struct
+from pathlib import Path
+
+import pytest
+import torch
+from conftest import run_cli, save_tiny
+
+# ------------------------------------------------------------------------------------ bad checkpoints
+
+
+def _sha_tree(path: Path) -> dict[str, str]:
+    path = Path(path)
+    files = [path] if path.is_file() else sorted(p for p in path.rglob("*") if p.is_file())
+    return {str(p.relative_to(path.parent)): hashlib.sha256(p.read_bytes()).hexdigest() for p in files}
+
+
+def _corrupt_header(d: Path) -> None:
+    f = d / "model.safetensors"
+    data = bytearray(f.read_bytes())
+    data[8:20] = b"\xff" * 12
+    f.write_bytes(bytes(data))
+
+
+def _huge_header(d: Path) -> None:
+    f = d / "model.safetensors"
+    data = bytearray(f.read_bytes())
+    data[:8] = struct.pack("<Q", 2**40)
+    f.write_bytes(bytes(data))
+
+
+def _truncated(d: Path) -> None:
+    f = d / "model.safetensors"
+    data = f.read_bytes()
+    f.write_bytes(data[: len(data) // 2])
+
+
+def _pickle_only(d: Path) -> None:
+    from safetensors.torch import load_file
+
+    sd = load_file(str(d / "model.safetensors"))
+    (d / "model.safetensors").unlink()
+    torch.save(sd, d / "pytorch_model.bin")
+
+
+def _missing_tensor(d: Path) -> None:
+    from safetensors.torch import load_file, save_file
+
+    sd = load_file(str(d / "model.safetensors"))
+    sd.pop("model.layers.1.mlp.down_proj.weight")
+    save_file(sd, str(d / "model.safetensors"), metadata={"format": "pt"})
+
+
+def _nan_weight(d: Path) -> None:
+    from safetensors.torch import load_file, save_file
+
+    sd = load_file(str(d / "model.safetensors"))
+    sd["model.layers.0.self_attn.q_proj.weight"][0, 0] = math.nan
+    save_file(sd, str(d / "model.safetensors"), metadata={"format": "pt"})
+
+
+def _not_causal(d: Path) -> None:
+    cfg = json.loads((d / "config.json").read_text())
+    cfg["architectures"] = ["BertModel"]
+    (d / "config.json").write_text(json.dumps(cfg))
+
+
+def _bad_config_json(d: Path) -> None:
+    (d / "config.json").write_text("{not json")
+
+
+def _remote_code(d: Path) -> None:
+    cfg = json.loads((d / "config.json").read_text())
+    cfg["auto_map"] = {"AutoModelForCausalLM": "evil.EvilModel"}
+    cfg["architectures"] = ["EvilModelForCausalLM"]
+    cfg["model_type"] = "evil"
+    (d / "config.json").write_text(json.dumps(cfg))
+    (d / "evil.py").write_text("raise SystemExit('remote code ran')\n")
+
+
+BAD_MODELS = {
+    "corrupt-header": (_corrupt_header, "corrupt safetensors"),
+    "huge-header": (_huge_header, "corrupt safetensors"),
+    "truncated": (_truncated, "safetensors"),
+    "pickle-only": (_pickle_only, "pickle"),
+    "missing-tensor": (_missing_tensor, "down_proj"),
+    "nan-weight": (_nan_weight, "NaN"),
+    "not-causal-lm": (_not_causal, "not a causal language model"),
+    "bad-config": (_bad_config_json, "invalid JSON"),
+    "remote-code": (_remote_code, "config.json"),
+}
+
+
+@pytest.fixture(scope="module")
+def clean_tiny(tmp_path_factory) -> Path:
+    return save_tiny(tmp_path_factory.mktemp("clean") / "tiny")
+
+
+@pytest.fixture(scope="module")
+def bad_models(tmp_path_factory, clean_tiny) -> dict[str, Path]:
+    root = tmp_path_factory.mktemp("bad")
+    out = {}
+    for name, (make, _) in BAD_MODELS.items():
+        d = root / name
+        shutil.copytree(clean_tiny, d)
+        make(d)
+        out[name] = d
+    return out
+
+
+@pytest.mark.parametrize("case", sorted(BAD_MODELS))
+def test_load_model_refuses_bad_checkpoints(case, bad_models):
+    from llmtool.core.console import UsageError
+    from llmtool.core.models import load_model
+
+    before = _sha_tree(bad_models[case])
+    with pytest.raises(UsageError) as e:
+        load_model(bad_models[case])
+    assert BAD_MODELS[case][1] in str(e.value), str(e.value)
+    assert "\n" not in str(e.value)
+    assert _sha_tree(bad_models[case]) == before
+
+
+def test_clean_checkpoint_still_loads(clean_tiny):
+    from llmtool.core.models import load_model
+
+    assert load_model(clean_tiny).config.num_hidden_layers == 2
+
+
+# ------------------------------------------------------------------------------------ the command walk
+# command -> argv with {model}, {out}, {data}, {text}; every case here runs before any heavy compute.
+MODEL_COMMANDS: dict[str, list[str]] = {
+    "compress": ["compress", "{model}", "{out}", "--ratio", "0.2", "--calib-data", "{text}", "--calib-samples", "2",
+                 "--calib-seqlen", "16"],
+    "quantize": ["quantize", "{model}", "{out}", "--method", "rtn", "--calib-data", "{text}", "--no-eval"],
+    "evaluate ppl": ["evaluate", "ppl", "{model}", "--data", "{text}", "--seqlen", "16"],
+    "kvcache evaluate": ["kvcache", "evaluate", "{model}", "--task", "ppl", "--data", "{text}"],
+}
+
+
+def _one_error_line(err: str) -> str:
+    lines = [l for l in err.splitlines() if l.strip()]
+    assert len(lines) == 1, err
+    assert lines[0].startswith("error:") and "Traceback" not in err, err
+    return lines[0]
+
+
+def _run(argv_t: list[str], **subs) -> tuple[int, str, str]:
+    argv = [a.format(**subs) for a in argv_t]
+    try:
+        return run_cli(*argv)
+    except Exception as e:  # an exception escaping the CLI is a traceback for the user
+        pytest.fail(f"{argv}: traceback {type(e).__name__}: {e}")
+
+
+CASES = [(cmd, bad) for cmd in MODEL_COMMANDS for bad in sorted(BAD_MODELS)]
+
+
+@pytest.mark.parametrize("cmd,bad", CASES, ids=[f"{c}-{b}" for c, b in CASES])
+def test_commands_refuse_bad_models_with_one_line(cmd, bad, bad_models, tmp_path, tiny_text_file):
+    model = bad_models[bad]
+    before = _sha_tree(model)
+    out = tmp_path / "out"
+    code, _, err = _run(MODEL_COMMANDS[cmd], model=model, out=out, text=tiny_text_file)
+    assert code == 2, (cmd, bad, code, err)
+    _one_error_line(err)
+    assert not out.exists() and not list(tmp_path.glob(".out.tmp-*"))
+    assert _sha_tree(model) == before
+
+
+DATA_CASES = {
+    "non-utf8-jsonl": ("calib.jsonl", b'{"text": "ok"}\n{"text": "\xff\xfe"}\n', "not UTF-8"),
+    "malformed-jsonl": ("calib.jsonl", b'{"text": "ok"}\n{"text": \n', ":2: malformed JSON"),
+    "missing-field": ("calib.jsonl", b'{"txt": "ok"}\n', "missing field 'text'"),
+    "corrupt-parquet": ("calib.parquet", b"PAR1 this is not parquet", "parquet"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(DATA_CASES))
+def test_bad_calibration_data_is_one_line(case, clean_tiny, tmp_path):
+    name, payload, needle = DATA_CASES[case]
+    data = tmp_path / name
+    data.write_bytes(payload)
+    out = tmp_path / "out"
+    code, _, err = _run(MODEL_COMMANDS["compress"], model=clean_tiny, out=out, text=data)
+    assert code == 2, err
+    line = _one_error_line(err)
+    assert needle in line and name in line, line
+    assert not out.exists() and data.read_bytes() == payload
+
+
+def test_output_whose_parent_is_a_file_fails_before_work(clean_tiny, tmp_path, tiny_text_file):
+    f = tmp_path / "afile"
+    f.write_text("x")
+    code, _, err = _run(MODEL_COMMANDS["quantize"], model=clean_tiny, out=f / "out", text=tiny_text_file)
+    assert code == 2 and "not a directory" in _one_error_line(err)
+
+
+def test_bad_global_values_are_one_line():
+    for argv, needle in ((["--seed", str(2**70), "models", "list"], "--seed"),
+                         (["--dtype", "bogus", "models", "list"], "--dtype"),
+                         (["--threads", "0", "models", "list"], "--threads")):
+        code, _, err = run_cli(*argv)
+        assert code == 2 and needle in _one_error_line(err), (argv, err)
