@@ -148,6 +148,8 @@ class AreaGroup(TyperGroup):
                 raise
             msg = str(e).splitlines()[0] if str(e) else ""
             fail(f"internal error: {type(e).__name__}: {msg} (rerun with --debug for the traceback)", 1)
+        if rv == 130:  # typer turns Ctrl-C into Exit(130) before it reaches the handlers above
+            fail("interrupted", 130)
         if standalone_mode:
             sys.exit(rv if isinstance(rv, int) else 0)
         return rv

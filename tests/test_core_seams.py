@@ -348,3 +348,25 @@ def test_sft_learns_completion_and_masks_prompt(tiny_lm):
     assert report["steps"] == 15 and after < before - 1.0
     changed = [n for n, p in model.named_parameters() if not torch.equal(p, frozen[n])]
     assert changed == only
+
+
+# ----------------------------------------------------------------------------------------- defects
+def test_json_accepted_after_evaluate_ppl(tiny_llama_dir, tiny_text_file):
+    from conftest import run_cli
+
+    code, out, err = run_cli("evaluate", "ppl", str(tiny_llama_dir), "--data", str(tiny_text_file), "--seqlen", "16",
+                             "--json")
+    assert code == 0, err
+    assert json.loads(out)["ppl"] if "ppl" in json.loads(out) else json.loads(out)
+
+
+def test_kernels_live_inside_the_package():
+    """A top-level `kernels` package would shadow Hugging Face's `kernels` (which transformers imports)."""
+    import importlib.util
+
+    import llmtool.kernels.hadamard  # noqa: F401
+
+    root = Path(__file__).resolve().parents[1]
+    assert not (root / "kernels").exists()
+    spec = importlib.util.find_spec("kernels")
+    assert spec is None or "llmtool" not in str(spec.origin or "")
