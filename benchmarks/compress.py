@@ -41,10 +41,11 @@ def main() -> None:
     p.add_argument("--threads", type=int, default=2)
     args = p.parse_args()
 
-    import torch
+    from llmtool.core.job import apply_threads
 
-    torch.set_num_threads(args.threads)
+    apply_threads(args.threads)
     import llmtool
+    from llmtool.compress.methods import METHODS
     from llmtool.core import data as data_mod
     from llmtool.core.console import markdown_table
     from llmtool.core.evalkit import perplexity
@@ -77,7 +78,8 @@ def main() -> None:
                 cmd = [sys.executable, "-m", "llmtool", "--json", "--quiet", "--seed", str(args.seed), "compress",
                        "--method", method, str(src), str(out), "--ratio", str(ratio),
                        "--calib-samples", str(args.calib_samples), "--calib-seqlen", str(args.calib_seqlen),
-                       "--grad-samples", str(args.grad_samples), "--grad-seqlen", str(args.grad_seqlen)]
+                       *(["--grad-samples", str(args.grad_samples), "--grad-seqlen", str(args.grad_seqlen)]
+                         if hasattr(METHODS.get_config(method), "grad_samples") else [])]
                 t0 = time.perf_counter()
                 proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
                 wall = time.perf_counter() - t0

@@ -40,13 +40,15 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args()
-    torch.set_num_threads(args.threads)
+    from llmtool.core.job import apply_threads
+
+    apply_threads(args.threads)
 
     import llmtool.edit.alphaedit  # noqa: F401
     from llmtool.core.console import markdown_table
     from llmtool.core.models import load_model, load_tokenizer, resolve_model, set_seed
     from llmtool.edit.anchors import ZConfig
-    from llmtool.edit.evaluate_edits import evaluate_requests
+    from llmtool.edit.metrics import evaluate_requests
     from llmtool.edit.keystone import (ablated, default_eval_texts, default_probes, matched_random, mean_ppl,
                                        probe_activations, rank_neurons)
     from llmtool.core.data import tokenize

@@ -73,6 +73,9 @@ def build_variant_matrix(tokens: int, seqlen: int = 512):
     ids = data_mod.tokenize(tok, data_mod.load_text("austen-test"))[: tokens + 1]
     windows = [ids[s: s + seqlen + 1] for s in range(0, tokens, seqlen)]
     base = load_model("smollm2-135m")
+    from llmtool.core import arch
+
+    block_linears = {f"{n}.weight" for names in arch.linear_names(base) for n in names}   # attention + MLP
     original = {k: v.clone() for k, v in base.state_dict().items()}
     rows = []
     for name, spec in VARIANTS.items():
@@ -80,7 +83,7 @@ def build_variant_matrix(tokens: int, seqlen: int = 512):
         state = dict(original)
         if spec is not None:
             for k, v in original.items():
-                if k.endswith("proj.weight"):       # attention and MLP linears; embeddings/norms untouched
+                if k in block_linears:              # attention and MLP linears; embeddings/norms untouched
                     state[k] = _rtn(v, spec[1], spec[2]) if spec[0] == "rtn" else _prune(v, spec[1])
         base.load_state_dict(state)
         correct = []

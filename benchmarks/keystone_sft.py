@@ -13,8 +13,6 @@ import json
 import time
 from pathlib import Path
 
-import torch
-
 RESULTS = Path(__file__).parent / "results"
 
 
@@ -26,19 +24,20 @@ def main() -> None:
     ap.add_argument("--batch-size", type=int, default=8)
     ap.add_argument("--lrs", default="1e-5,1e-4,1e-3")
     ap.add_argument("--modes", default="keystone,random,full")
-    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--threads", type=int, default=2, help="torch threads (the llmtool --threads policy)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--tag", default="keystone-sft")
     args = ap.parse_args()
-    torch.set_num_threads(args.threads)
+    from llmtool.core.job import apply_threads
+
+    apply_threads(args.threads)
 
     from llmtool.core.console import markdown_table
     from llmtool.core.data import tokenize
     from llmtool.core.models import load_model, load_tokenizer, resolve_model, set_seed
     from llmtool.edit.keystone import (default_eval_texts, default_probes, matched_random, probe_activations,
                                        rank_neurons)
-    from llmtool.edit.keystone_sft import (SFTConfig, arithmetic_task, encode_examples, task_metrics, train,
-                                          trainable_parameters)
+    from llmtool.edit.keystone_sft import SFTConfig, arithmetic_task, encode_examples, finetune, task_metrics
 
     set_seed(args.seed)
     src = resolve_model(args.model)
@@ -48,8 +47,8 @@ def main() -> None:
                              ["q", "k", "v", "o", "gate", "up", "ffn"])
     keystone = rank_neurons(acts, "worst-rank", "global", top=args.k)[:args.k]
     random_set = matched_random(model, keystone, args.seed)
-    ex = encode_examples(tok, arithmetic_task(256 + 64, args.seed))
-    train_ex, held = ex[:-64], ex[-64:]
+    task = arithmetic_task(256 + 64, args.seed)
+    train_rows, held = task[:-64], encode_examples(tok, task[-64:])
     retention_ids = [tokenize(tok, r["text"]) for r in default_eval_texts()]
     base = task_metrics(model, held, retention_ids, pad)
     original = {k: v.detach().clone() for k, v in model.state_dict().items()}
@@ -58,20 +57,15 @@ def main() -> None:
     for mode in args.modes.split(","):
         for lr in [float(x) for x in args.lrs.split(",")]:
             cfg = SFTConfig(lr=lr, max_steps=args.steps, batch_size=args.batch_size, seed=args.seed)
-            params, deltas = trainable_parameters(model, mode, keystone if mode == "keystone" else random_set)
             t0 = time.perf_counter()
-            train(model, train_ex, params, cfg, pad)
+            res = finetune(model, tok, train_rows, cfg, mode, keystone if mode == "keystone" else random_set)
             seconds = time.perf_counter() - t0
             after = task_metrics(model, held, retention_ids, pad)
-            rows.append({"mode": mode, "lr": lr, "trainable_parameters": sum(p.numel() for p in params),
+            rows.append({"mode": mode, "lr": lr, "trainable_parameters": res["trainable_parameters"],
                          "target_loss_before": base["target_loss"], "target_loss_after": after["target_loss"],
                          "retention_ppl_before": base["retention_ppl"], "retention_ppl_after": after["retention_ppl"],
                          "seconds": seconds})
             print(json.dumps(rows[-1]), flush=True)
-            if deltas:
-                deltas.remove()
-            for p in model.parameters():
-                p.requires_grad_(False)
             model.load_state_dict(original)
     best = [min((r for r in rows if r["mode"] == m), key=lambda r: r["target_loss_after"])
             for m in args.modes.split(",")]

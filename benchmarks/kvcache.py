@@ -37,18 +37,13 @@ from llmtool.core.console import markdown_table  # noqa: E402
 def greedy_after(model, cache, question, steps, eos):
     """Question-agnostic: append the question to the compressed cache, then greedy-decode."""
     from llmtool.kvcache.cache import attach
+    from llmtool.kvcache.pipeline import greedy_decode
 
-    out = []
     with attach(model):
-        logits = model(input_ids=question, cache=cache, use_cache=True).logits[:, -1:]
+        logits = model(input_ids=question, cache=cache, use_cache=True).logits[:, -1]
         t0 = time.perf_counter()
-        for i in range(steps):
-            nxt = logits.argmax(-1).view(1, 1)
-            out.append(int(nxt))
-            if int(nxt) == eos or i == steps - 1:
-                break
-            logits = model(input_ids=nxt, cache=cache, use_cache=True).logits[:, -1:]
-        rate = max(1, len(out) - 1) / (time.perf_counter() - t0)
+        out, forwards = greedy_decode(model, cache, logits, steps, eos)
+        rate = max(1, forwards) / (time.perf_counter() - t0)
     return out, rate
 
 
@@ -66,9 +61,12 @@ def main() -> None:
     ap.add_argument("--speed-steps", type=int, default=2)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "kvcache"))
+    ap.add_argument("--threads", type=int, default=2, help="torch CPU threads (the measured runs used 2).")
     args = ap.parse_args()
 
-    torch.set_num_threads(2)
+    from llmtool.core.job import apply_threads
+
+    apply_threads(args.threads)
     from llmtool.core.data import load_text, tokenize
     from llmtool.core.models import load_model, load_tokenizer, set_seed
     from llmtool.kvcache import tasks

@@ -57,7 +57,9 @@ def main(argv=None) -> None:
     p.add_argument("--skip-fp", action="store_true", help="do not evaluate the unquantized model")
     p.add_argument("--out", default=str(ROOT / "benchmarks" / "results"))
     args = p.parse_args(argv)
-    torch.set_num_threads(args.threads)
+    from llmtool.core.job import apply_threads
+
+    apply_threads(args.threads)
 
     from llmtool.core import data as data_mod
     from llmtool.core.console import markdown_table
@@ -141,9 +143,10 @@ def main(argv=None) -> None:
         tag = f"W{w_bits}A{a_bits}"
         ranks_here = ranks if k == 0 else ranks_other
         for method in (args.methods if k == 0 else args.methods_other).split(","):
-            cfg = make_config(method, w_bits=w_bits, a_bits=a_bits, train_steps=args.train_steps,
-                              train_seqlen=args.train_seqlen, seed=args.seed, w_clip=args.w_clip,
-                              weight_algorithm=args.weight_algorithm)
+            wanted = dict(w_bits=w_bits, a_bits=a_bits, train_steps=args.train_steps, train_seqlen=args.train_seqlen,
+                          seed=args.seed, w_clip=args.w_clip, weight_algorithm=args.weight_algorithm)
+            own = {f.name for f in register_all().get_config(method).fields()}
+            cfg = make_config(method, **{k: v for k, v in wanted.items() if k in own})
             if method != "respinquant":
                 m = copy.deepcopy(base)
                 from llmtool.quantize.api import quantize_

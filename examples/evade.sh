@@ -8,7 +8,8 @@ llmtool evade watermark smollm2-135m "$W/prompts.jsonl" -o "$W/wm.jsonl" --schem
 llmtool evade detect "$W/wm.jsonl" --scheme "$S" -o "$W/det_wm.jsonl" --overwrite
 llmtool evade detect "$W/prompts.jsonl" --field human_text --scheme "$S" -o "$W/det_human.jsonl" --overwrite
 for M in bira vanilla word-delete; do
-  llmtool evade attack "$W/wm.jsonl" -o "$W/$M.jsonl" --method "$M" --paraphraser smollm2-135m --overwrite
+  EXTRA=(); [ "$M" = word-delete ] || EXTRA=(--paraphraser smollm2-135m)   # word-delete uses no model
+  llmtool evade attack "$W/wm.jsonl" -o "$W/$M.jsonl" --method "$M" ${EXTRA[@]+"${EXTRA[@]}"} --overwrite
   llmtool evade detect "$W/$M.jsonl" --field attacked_text --scheme "$S" -o "$W/det_$M.jsonl" --overwrite
   llmtool evade metrics "$W/det_$M.jsonl" "$W/det_human.jsonl"
 done

@@ -27,7 +27,7 @@ def test_compress_cli_writes_reloadable_checkpoint(tiny_llama_dir, tiny_text_fil
     assert prov["method"] == "zs-svd" and prov["parameters"]["ratio"] == 0.4 and len(prov["source"]["sha256"]) == 64
     assert report["stored_params"] == report["params_after"] < report["params_before"]
     assert report["achieved_ratio"] >= 0.4
-    assert (out / "tokenizer.json").is_file() and (out / "llmtool_report.json").is_file()
+    assert (out / "tokenizer.json").is_file() and (out / "report.json").is_file()
     m = llmtool.load(out)
     assert torch.isfinite(m(input_ids=torch.tensor([[1, 2, 3]])).logits).all()
     # OUT exists now: without --overwrite it is refused and left as it was

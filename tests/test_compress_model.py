@@ -8,7 +8,8 @@ from conftest import build_tiny_llama, build_tokenizer
 
 from llmtool.compress.factorize import uniform_rank
 from llmtool.compress.lowrank import LowRankLinear, save_lowrank, stored_param_count
-from llmtool.compress.pipeline import CompressConfig, compress_model
+from llmtool.compress.methods import METHODS
+from llmtool.compress.pipeline import compress_model
 from llmtool.compress.profile import target_names
 
 
@@ -29,7 +30,7 @@ def _logits(model, ids):
 def _run(method, ratio, dtype=torch.float64, **kw):
     model = _model(dtype)
     calib, grad = _ids(model, 6, 32, 1), _ids(model, 1, 32, 2)
-    cfg = CompressConfig(method=method, ratio=ratio, eps=kw.pop("eps", 1e-4), batch_size=2, **kw)
+    cfg = METHODS.get_config(method)(ratio=ratio, batch_size=2, **kw)  # unvalidated: ratio 0 = full rank
     result = compress_model(model, cfg, calib, grad)
     return model, result
 
@@ -113,8 +114,8 @@ def test_correction_step_moves_toward_teacher_first_order():
 
     model = _model()
     calib, grad = _ids(model, 4, 32, 1), _ids(model, 1, 32, 2)
-    cfg = CompressConfig(method="zs-svd", ratio=0.4, batch_size=2)
-    method = pipeline.load_all().get("zs-svd")()
+    cfg = METHODS.build("zs-svd", ratio=0.4, batch_size=2)
+    method = cfg.decomposer()
     spectra = pipeline._spectra(model, method, cfg, calib, grad, {})
     ranks, restored, _ = pipeline._plan(method, cfg, spectra)
     original = {n: model.get_submodule(n).weight.detach().clone() for n in spectra}
@@ -155,10 +156,9 @@ def test_fwsvd_asvd_full_rank_exact():
 
 @pytest.mark.slow
 def test_real_model_ranks_heterogeneous(smollm2_dir, tmp_path):
-    from llmtool.compress.pipeline import CompressConfig
     from llmtool.compress.run import compress
 
-    report = compress(str(smollm2_dir), tmp_path / "zs", CompressConfig(method="zs-svd", ratio=0.2, calib_samples=8,
+    report = compress(str(smollm2_dir), tmp_path / "zs", METHODS.build("zs-svd", ratio=0.2, calib_samples=8,
                                                                       calib_seqlen=256, grad_seqlen=256))
     cfg = json.loads((tmp_path / "zs" / "config.json").read_text())
     fractions = set()

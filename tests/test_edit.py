@@ -198,8 +198,9 @@ def _write(path, rows):
     return path
 
 
-FAST = ["--mom2-samples", "512", "--v-steps", "30", "--v-lr", "0.5", "--clamp-norm", "4", "--mom2-weight", "1",
+FAST = ["--mom2-samples", "512", "--v-steps", "30", "--v-lr", "0.5", "--clamp-norm", "4",
         "--v-weight-decay", "0", "--kl-factor", "0"]
+MEMIT_FAST = [*FAST, "--mom2-weight", "1"]
 
 
 def test_empty_request_set_leaves_model_unchanged(tmp_path, tiny4, tiny_text_file):
@@ -208,7 +209,7 @@ def test_empty_request_set_leaves_model_unchanged(tmp_path, tiny4, tiny_text_fil
     empty = tmp_path / "empty.jsonl"
     empty.write_text("")
     code, _, err = run_cli("edit", "--method", "memit", "--anchor", "forward", "--layers", "1,2", str(tiny4),
-                           str(empty), str(tmp_path / "out"), "--stats-corpus", str(tiny_text_file), *FAST)
+                           str(empty), str(tmp_path / "out"), "--calib-data", str(tiny_text_file), *MEMIT_FAST)
     assert code == 0, err
     a, b = load_file(str(tiny4 / "model.safetensors")), load_file(str(tmp_path / "out" / "model.safetensors"))
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
@@ -219,14 +220,16 @@ def test_single_edit_reaches_efficacy_one(tmp_path, tiny4, tiny_text_file, tok, 
     from safetensors.torch import load_file
 
     from llmtool.core.models import load_model
-    from llmtool.edit.evaluate_edits import pair_scores
+    from llmtool.edit.metrics import pair_scores
 
     req = {"prompt": "The capital of {} is", "subject": "France", "target_new": "Rome", "target_true": "Paris",
            "neighborhood": [{"prompt": "The Eiffel Tower is in", "target": "Paris"}]}
     edits = _write(tmp_path / "one.jsonl", [req])
     out = tmp_path / "edited"
     code, _, err = run_cli("edit", "--method", method, "--anchor", anchor, "--layers", "1,2", str(tiny4), str(edits),
-                           str(out), "--stats-corpus", str(tiny_text_file), "--nullspace-threshold", "1e-4", *FAST)
+                           str(out), "--calib-data", str(tiny_text_file),
+                           *(["--nullspace-threshold", "1e-4"] if method == "alphaedit" else []),
+                           *(MEMIT_FAST if method == "memit" else FAST))
     assert code == 0, err
     m = load_model(out)
     (nll, _), (nll_true, _) = pair_scores(m, tok, [("The capital of France is", "Rome"),

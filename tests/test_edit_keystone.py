@@ -81,20 +81,26 @@ def test_hook_equals_surgery_and_empty_set_is_noop(model64):
 
 
 def test_keystone_sft_masking_is_exact(model64):
+    """Keystone SFT on the shared trainer (core.trainer.sft) moves only the selected rows/columns."""
     import copy
 
     from llmtool.edit.keystone import Neuron
-    from llmtool.edit.keystone_sft import RowDeltas, SFTConfig, train
+    from llmtool.edit.keystone_sft import RowDeltas, SFTConfig, finetune
 
     m = copy.deepcopy(model64).float()
     base = {k: v.clone() for k, v in m.state_dict().items()}
     sel = [Neuron("up", 1, 3), Neuron("o", 2, 10), Neuron("ffn", 3, 20)]
-    d = RowDeltas(m, sel).install()
+    d = RowDeltas(m, sel)
     assert d.trainable_count() == 64 + 64 + (64 + 64 + 64)  # rows × in_features (+ down column)
-    ex = [(torch.randint(1, 300, (10,)).tolist(), 4) for _ in range(8)]
-    train(m, ex, d.parameters(), SFTConfig(lr=1e-2, weight_decay=0.1, max_steps=20, batch_size=4), pad_id=0)
-    d.merge()
+    d.remove()
+    assert set(m.state_dict()) == set(base)  # removing the deltas leaves the model as it was
+    rows = [{"prompt": f"Q: {a} plus {b}?\nA:", "response": f" {a + b}"} for a, b in zip(range(10, 18), range(30, 38))]
+    res = finetune(m, build_tokenizer(), rows, SFTConfig(lr=1e-2, weight_decay=0.1, max_steps=20, batch_size=4), "keystone",
+                   sel)
+    assert res["trainable_parameters"] == 64 + 64 + (64 + 64 + 64) and len(res["records"]) == 20
+    assert set(res["delta_state"]) >= {"model.layers.1.mlp.up_proj.weight.delta", "model.layers.3.mlp.down_proj.weight.delta"}
     after = m.state_dict()
+    assert set(after) == set(base)  # merged: no delta parameter left behind
     touched = {"model.layers.1.mlp.up_proj.weight": ("row", 3), "model.layers.2.self_attn.o_proj.weight": ("row", 10),
                "model.layers.3.mlp.gate_proj.weight": ("row", 20), "model.layers.3.mlp.up_proj.weight": ("row", 20),
                "model.layers.3.mlp.down_proj.weight": ("col", 20)}

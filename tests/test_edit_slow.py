@@ -32,7 +32,7 @@ def edit_set():
 
 
 def test_packaged_edit_set_holds_known_facts(real, edit_set):
-    from llmtool.edit.evaluate_edits import pair_scores
+    from llmtool.edit.metrics import pair_scores
 
     model, tok = real
     assert len(edit_set) >= 100
@@ -43,7 +43,7 @@ def test_packaged_edit_set_holds_known_facts(real, edit_set):
 
 def test_real_forward_anchor_beats_backward_spreading(real, edit_set, tmp_path):
     from llmtool.edit.covariance import second_moments
-    from llmtool.edit.evaluate_edits import pair_scores
+    from llmtool.edit.metrics import pair_scores
     from llmtool.edit.layerio import down_proj
     from llmtool.edit.memit import METHODS, EditConfig, compute_targets, edit_batch
     from llmtool.edit.prompts import generate_templates

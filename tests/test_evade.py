@@ -28,6 +28,9 @@ class _IdTokenizer:
     pad_token_id = 0
     eos_token_id = 0
 
+    def decode(self, ids, skip_special_tokens=True):
+        return " ".join(map(str, ids))
+
 
 @pytest.fixture(scope="module")
 def lm():

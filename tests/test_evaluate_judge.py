@@ -148,7 +148,7 @@ def test_cli_round_trip(tmp_path):
     human = [json.loads(l) for l in (tmp_path / "syn" / "human.jsonl").read_text().splitlines()]
     (tmp_path / "calib.jsonl").write_text("".join(json.dumps(h) + "\n" for h in human if h["id"] in calib_ids))
     args = ["evaluate", "judge", "--votes", tmp_path / "syn" / "votes.jsonl", "--human", tmp_path / "syn" / "human.jsonl",
-            "--calib", tmp_path / "calib.jsonl", "--frame", "presented"]
+            "--calib-labels", tmp_path / "calib.jsonl", "--frame", "presented"]
     code, _, err = run_cli(*args, "-o", tmp_path / "a" / "agg.jsonl")
     assert code == 0, err
     recs = [json.loads(l) for l in (tmp_path / "a" / "agg.jsonl").read_text().splitlines()]

@@ -9,7 +9,7 @@ import torch
 
 from conftest import build_tiny_llama
 from llmtool.kvcache import adakv, critical, eviction, snapkv
-from llmtool.kvcache.cache import EvictableLayer, KVCache, _kv_attention
+from llmtool.kvcache.cache import EvictableLayer, KVCache, kv_mask_transform
 from llmtool.kvcache.pipeline import KVSpec, build_press, generate
 
 torch.set_num_threads(2)
@@ -162,7 +162,7 @@ def test_planted_large_value_entry_is_kept_only_by_critical():
     scores = torch.rand(1, h_kv, n) + 1.0
     scores[..., 10] = 0.9  # moderate attention: outside the top-b by attention
     scores[..., -4:] = float("inf")
-    module = SimpleNamespace(config=SimpleNamespace(num_attention_heads=h_q),
+    module = SimpleNamespace(config=SimpleNamespace(num_attention_heads=h_q, model_type="llama"),
                              o_proj=SimpleNamespace(weight=torch.randn(dim, h_q * d)))
     budgets = torch.full((1, h_kv), 16)
     base = eviction.topk_mask(scores, budgets)
@@ -235,7 +235,10 @@ def test_masked_attention_renormalises_softmax():
     cache = KVCache([layer])
     module = SimpleNamespace(_llmtool_cache=cache, layer_idx=0)
     query = torch.randn(1, 1, 1, d)
-    out, _ = _kv_attention(module, query, keys, values, None, scaling=d ** -0.5)
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    q2, k2, v2, mask = kv_mask_transform(module, query, keys, values, None)
+    out, _ = sdpa_attention_forward(module, q2, k2, v2, mask, scaling=d ** -0.5)
     attn = torch.softmax((query[0, 0] @ keys[0, 0].T) * d ** -0.5, -1)[0]
     full_keep = torch.cat([keep[0, 0], torch.tensor([True])])
     expected = critical.output_after_eviction(attn, values[0, 0], full_keep)

@@ -13,7 +13,7 @@ def test_generate_writes_results_and_reports_memory(tiny_llama_dir, tmp_path):
     before = prompts.read_bytes()
     out = tmp_path / "out.jsonl"
     code, stdout, err = run_cli("--json", "kvcache", "generate", tiny_llama_dir, "--prompts", prompts, "--out", out,
-                                "--max-new-tokens", "4", "--evict", "snapkv", "--critical", "--budget", "0.5",
+                                "--max-new-tokens", "4", "--method", "snapkv", "--critical", "--budget", "0.5",
                                 "--window-size", "4")
     assert code == 0, err
     res = json.loads(stdout)
@@ -27,12 +27,12 @@ def test_generate_writes_results_and_reports_memory(tiny_llama_dir, tmp_path):
 def test_evaluate_ppl_and_task(tiny_llama_dir, tiny_text_file):
     code, stdout, err = run_cli("--json", "kvcache", "evaluate", tiny_llama_dir, "--task", "ppl", "--data",
                                 tiny_text_file, "--prefix", "64", "--continuation", "64", "--samples", "1",
-                                "--quant", "patternkv", "--bits", "4", "--group-size", "16", "--residual-length", "32")
+                                "--method", "patternkv", "--bits", "4", "--group-size", "16", "--residual-length", "32")
     assert code == 0, err
     res = json.loads(stdout)
     assert res["ppl"] > 1 and res["kv_fraction"] < 1 and res["method"] == "patternkv-4bit"
     code, stdout, err = run_cli("--json", "kvcache", "evaluate", tiny_llama_dir, "--task", "niah_single",
-                                "--filler", tiny_text_file, "--length", "96", "--samples", "1", "--evict", "adakv",
+                                "--filler", tiny_text_file, "--length", "96", "--samples", "1", "--method", "adakv",
                                 "--budget", "0.5", "--window-size", "8")
     assert code == 0, err
     res = json.loads(stdout)
@@ -41,17 +41,17 @@ def test_evaluate_ppl_and_task(tiny_llama_dir, tiny_text_file):
 
 def test_bad_values_exit_2_with_one_line(tiny_llama_dir, tiny_text_file):
     base = ["kvcache", "evaluate", tiny_llama_dir, "--task", "ppl", "--data", tiny_text_file]
-    for extra, word in ((["--evict", "snapkv", "--budget", "0"], "--budget"),
-                        (["--evict", "snapkv", "--budget", "1.5"], "--budget"),
-                        (["--quant", "kivi", "--bits", "3"], "--bits"),
-                        (["--quant", "kivi", "--group-size", "64", "--residual-length", "96"], "--residual-length"),
-                        (["--evict", "h2o"], "h2o"),
+    for extra, word in ((["--method", "snapkv", "--budget", "0"], "--budget"),
+                        (["--method", "snapkv", "--budget", "1.5"], "--budget"),
+                        (["--method", "kivi", "--bits", "3"], "--bits"),
+                        (["--method", "kivi", "--group-size", "64", "--residual-length", "96"], "--residual-length"),
+                        (["--method", "h2o"], "h2o"),
                         (["--critical"], "--critical")):
         code, _, err = run_cli(*base, *extra)
         assert code == 2 and word in err, (extra, err)
     code, _, err = run_cli("kvcache", "evaluate", tiny_llama_dir, "--task", "nosuch")
     assert code == 2 and "nosuch" in err
-    proc = run_cli_subprocess(*base, "--evict", "snapkv", "--budget", "-0.2")
+    proc = run_cli_subprocess(*base, "--method", "snapkv", "--budget", "-0.2")
     assert proc.returncode == 2
     lines = [l for l in proc.stderr.splitlines() if l.strip()]
     assert len(lines) == 1 and lines[0].startswith("error:") and "Traceback" not in proc.stderr

@@ -284,17 +284,29 @@ def test_cli_rtn_w3_reload_matches(tiny_llama_dir, tiny_text_file, tmp_path):
     ids = data_mod.tokenize(load_tokenizer(out), data_mod.load_text(tiny_text_file))
     assert abs(perplexity(m, ids, seqlen=32, max_tokens=128).ppl - res["ppl_quant"]) < 1e-9 * res["ppl_quant"]
     assert m.model.layers[0].mlp.up_proj.weight_packed.shape == (128, 24)
+    # provenance is the method config as a dict: it rebuilds the config (run settings beside it)
+    from llmtool.quantize.configs import METHODS
+
+    prov = json.loads((out / "llmtool.json").read_text())
+    cfg = METHODS.get_config(prov["method"]).from_dict(prov["parameters"])
+    assert (cfg.name, cfg.w_bits, cfg.a_bits, cfg.weight_algorithm) == ("rtn", 3, 3, "rtn")
+    assert prov["run"]["eval_data"] == str(tiny_text_file) and prov["run"]["seqlen"] == 32
+    assert json.loads((out / "report.json").read_text())["ppl_quant"] == res["ppl_quant"]
 
 
 @pytest.mark.parametrize("args,needle", [
-    (["--w-bits", "5"], "--w-bits 5: unsupported bit width"),
-    (["--a-bits", "2"], "--a-bits 2: unsupported bit width"),
+    (["--w-bits", "5"], "--w-bits 5: choose one of 3, 4, 8, 16"),
+    (["--a-bits", "2"], "--a-bits 2: choose one of 3, 4, 8, 16"),
     (["--kv-bits", "3"], "--kv-bits 3"),
     (["--method", "gptq9"], "unknown method 'gptq9'"),
+    # options of another method are refused, never silently dropped (issue 11)
+    (["--method", "rtn", "--rank", "7", "--train-steps", "99"], "--train-steps, --rank does not apply to method 'rtn'"),
+    (["--method", "spinquant", "--rank", "7"], "--rank does not apply to method 'spinquant'"),
+    (["--method", "quarot", "--lr", "0.5"], "--lr does not apply to method 'quarot'"),
 ])
 def test_cli_bad_options_exit_2(tiny_llama_dir, tmp_path, args, needle):
     code, _, err = run_cli("quantize", tiny_llama_dir, tmp_path / "o", *args)
-    assert code == 2 and needle in err
+    assert code == 2 and needle in err, err
     assert not (tmp_path / "o").exists()
 
 

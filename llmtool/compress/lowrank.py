@@ -130,7 +130,7 @@ def load_checkpoint(path: Path, config: dict, dtype: torch.dtype, device: torch.
     ranks = block.get("ranks")
     if not isinstance(ranks, dict):
         raise UsageError(f"{path}/config.json: {FORMAT_KEY}.ranks must be an object of module -> rank")
-    hf_config = AutoConfig.from_pretrained(path, local_files_only=True)
+    hf_config = AutoConfig.from_pretrained(path, local_files_only=True, trust_remote_code=False)
     model = AutoModelForCausalLM.from_config(hf_config, dtype=dtype)
     try:
         swap_in_lowrank(model, ranks)

@@ -25,42 +25,11 @@ import torch
 
 from llmtool.compress.factorize import ModuleSpec, Spectrum, uniform_rank
 from llmtool.compress.lowrank import LowRankLinear, set_module
-from llmtool.compress.methods import load_all
+from llmtool.compress.methods import CORRECTIONS, CompressConfig  # noqa: F401  (re-exported)
 from llmtool.compress.profile import layer_statistics, loss_gradients, target_names
-from llmtool.compress.zs_svd import Selection, default_keep_rank_ratio, pull_subspace_correction, select_components
+from llmtool.compress.zs_svd import Selection, pull_subspace_correction, select_components
 from llmtool.core.console import info, progress
 from llmtool.core.evalkit import peak_rss_mb
-
-CORRECTIONS = ("none", "pull-subspace")
-
-
-@dataclass
-class CompressConfig:
-    method: str = "zs-svd"
-    ratio: float = 0.4
-    calib_data: str = "austen-train"
-    calib_samples: int = 32
-    calib_seqlen: int = 512
-    grad_samples: int = 1
-    grad_seqlen: int = 512
-    keep_rank_ratio: float | None = None   # None: 0 for ratio <= 0.4, else 0.3
-    stages: int | None = None              # None: 1, or 2 with --correction pull-subspace
-    correction: str = "none"
-    proj_samples: int = 1
-    proj_seqlen: int = 1024
-    eps: float = 1e-4
-    seed: int = 0
-    batch_size: int = 4
-    forced_ranks: dict[str, int] | None = None  # library/test hook: skip selection, use these ranks
-
-    def resolved_keep_rank_ratio(self) -> float:
-        return default_keep_rank_ratio(self.ratio) if self.keep_rank_ratio is None else self.keep_rank_ratio
-
-    def resolved_stages(self) -> int:
-        if self.stages is not None:
-            return self.stages
-        return 1 if self.correction == "none" else 2
-
 
 @dataclass
 class StageReport:
@@ -132,7 +101,8 @@ def _spectra(model, method, cfg: CompressConfig, calib_ids, grad_ids, seconds: d
     for i, stats in enumerate(per_layer):
         for spec in layers[i]:
             weight = modules[spec.name].weight.detach()
-            sp = method.decompose(spec, weight, stats, grads.pop(spec.name, None), cfg.eps, _kmax(method, spec, cfg))
+            sp = method.decompose(spec, weight, stats, grads.pop(spec.name, None), getattr(cfg, "eps", 0.0),
+                                  _kmax(method, spec, cfg))
             sp.a_full, sp.b_full = sp.a_full.to(dtype), sp.b_full.to(dtype)
             spectra[spec.name] = sp
     seconds["statistics_and_svd"] = seconds.get("statistics_and_svd", 0.0) + time.perf_counter() - t0
@@ -180,12 +150,12 @@ def _correct(model, ranks: dict[str, int], restored: list[str], spectra: dict[st
 def compress_model(model, cfg: CompressConfig, calib_ids: torch.Tensor | None,
                    grad_ids: torch.Tensor | None) -> CompressionResult:
     """Compress ``model`` in place (target Linears become LowRankLinear) and return what was done."""
-    method = load_all().get(cfg.method)()
+    method = cfg.decomposer()
     stages = cfg.resolved_stages()
     specs = [s for layer in _specs(model) for s in layer]
     modules = dict(model.named_modules())
     original = {s.name: modules[s.name].weight.detach().clone() for s in specs} if stages > 1 else {}
-    result = CompressionResult(cfg.method, cfg.ratio, {}, [], sum(s.dense_params for s in specs), 0)
+    result = CompressionResult(cfg.name, cfg.ratio, {}, [], sum(s.dense_params for s in specs), 0)
     t_all = time.perf_counter()
     for stage in range(1, stages + 1):
         seconds: dict[str, float] = {}

@@ -1,12 +1,13 @@
 """Calibration statistics for SVD-family compression, gathered layer by layer, and loss gradients.
 
-Target modules (spec zs-svd §2): ``q_proj k_proj v_proj o_proj gate_proj up_proj down_proj`` of
-every decoder layer. Modules that read the same input share one set of statistics (official
-default): q/k/v read the attention-norm output, gate/up the MLP-norm output.
+Target modules (spec zs-svd §2): the q/k/v/o/gate/up/down projections of every decoder layer (names
+from :mod:`llmtool.core.arch`). Modules that read the same input share one set of statistics
+(official default): q/k/v read the attention-norm output, gate/up the MLP-norm output.
 
-:func:`layer_statistics` runs the calibration batch through the model one decoder layer at a time:
-the inputs of layer 0 are caught once, then each layer is applied to the stored hidden states
-while forward hooks on its target modules accumulate ``X^T X`` (float64) and ``sum |x|``. Only one
+:func:`layer_statistics` runs the calibration batch through the model one decoder layer at a time
+(:func:`llmtool.core.calib.replay_layers`): the inputs of layer 0 are caught once, then each layer is
+applied to the stored hidden states while forward hooks on its target modules accumulate ``X^T X``
+(float64) and ``sum |x|`` (:class:`llmtool.core.calib.InputStatistics`). Only one
 layer's activations ``[samples, seqlen, hidden]`` and one layer's statistics are alive at a time;
 the generator yields each layer's statistics before moving on, so the caller can factorise it.
 
@@ -16,125 +17,51 @@ sequences, on CPU (float32; float64 when the model is float64).
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Iterator
 
 import torch
 
-from llmtool.core.console import UsageError, progress
-from llmtool.core.hooks import forward_hooks, hidden_of
-from llmtool.core.models import decoder_layers
-
-TARGET_SUFFIXES = ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj",
-                   "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj")
-# module -> module whose input it shares (statistics are captured on the latter only)
-SHARED_INPUT = {"self_attn.k_proj": "self_attn.q_proj", "self_attn.v_proj": "self_attn.q_proj",
-                "mlp.up_proj": "mlp.gate_proj"}
-
-
-def layer_prefix(model) -> str:
-    layers = decoder_layers(model)
-    for name, mod in model.named_modules():
-        if mod is layers:
-            return name
-    raise UsageError(f"unsupported architecture {type(model).__name__}: decoder layers are not a named module")
+from llmtool.core.arch import input_source, linear_names
+from llmtool.core.calib import InputStatistics, replay_layers
+from llmtool.core.console import progress
+from llmtool.core.hooks import forward_hooks
 
 
 def target_names(model) -> list[list[str]]:
-    """Full names of the target Linear modules, grouped by decoder layer."""
-    prefix = layer_prefix(model)
-    modules = dict(model.named_modules())
-    out = []
-    for i in range(len(decoder_layers(model))):
-        names = [f"{prefix}.{i}.{s}" for s in TARGET_SUFFIXES]
-        for n in names:
-            if not isinstance(modules.get(n), torch.nn.Linear):
-                raise UsageError(f"unsupported architecture {type(model).__name__}: {n} is not a Linear "
-                                 f"(llmtool compress supports Llama-style q/k/v/o/gate/up/down projections)")
-        out.append(names)
-    return out
+    """Full names of the target Linear modules (every block role), grouped by decoder layer."""
+    return linear_names(model)
 
 
 def statistics_source(name: str) -> str:
     """The module whose input statistics ``name`` uses."""
-    head, _, tail2 = name.rpartition(".")
-    parent, _, block = head.rpartition(".")
-    key = f"{block}.{tail2}"
-    return f"{parent}.{SHARED_INPUT[key]}" if key in SHARED_INPUT else name
+    return input_source(name)
 
 
 @dataclass
-class LayerStatistics:
-    index: int
-    names: list[str]
-    gram: dict[str, torch.Tensor] = field(default_factory=dict)     # source module -> X^T X (fp64)
-    abs_sum: dict[str, torch.Tensor] = field(default_factory=dict)  # source module -> sum |x| (fp64)
-    count: dict[str, int] = field(default_factory=dict)             # source module -> tokens
+class LayerStatistics(InputStatistics):
+    """One layer's input statistics, looked up through the shared-input source of each module."""
+
+    index: int = 0
+    names: tuple = ()
 
     def covariance(self, name: str) -> torch.Tensor:
-        src = statistics_source(name)
-        return self.gram[src] / max(1, self.count[src])
+        return super().covariance(statistics_source(name))
 
     def abs_mean(self, name: str) -> torch.Tensor:
-        src = statistics_source(name)
-        return self.abs_sum[src] / max(1, self.count[src])
-
-
-class _CaughtInputs(Exception):
-    pass
-
-
-def _first_layer_inputs(model, ids: torch.Tensor, batch_size: int):
-    layer0 = decoder_layers(model)[0]
-    caught: list[tuple[torch.Tensor, dict]] = []
-
-    def catch(module, args, kwargs):
-        hidden = args[0] if args else kwargs["hidden_states"]
-        rest = {k: v for k, v in kwargs.items() if k != "hidden_states"}
-        caught.append((hidden.detach(), rest))
-        raise _CaughtInputs
-
-    handle = layer0.register_forward_pre_hook(catch, with_kwargs=True)
-    device = next(model.parameters()).device
-    try:
-        with torch.no_grad():
-            for chunk in ids.split(batch_size):
-                try:
-                    model(input_ids=chunk.to(device), use_cache=False)
-                except _CaughtInputs:
-                    pass
-    finally:
-        handle.remove()
-    return caught
+        return super().abs_mean(statistics_source(name))
 
 
 def layer_statistics(model, ids: torch.Tensor, batch_size: int = 4, gram: bool = True,
                      abs_mean: bool = False) -> Iterator[LayerStatistics]:
     """Yield the input statistics of each decoder layer's target modules, layer by layer."""
-    layers = decoder_layers(model)
     groups = target_names(model)
-    batches = _first_layer_inputs(model, ids, batch_size)
-    for i in progress(range(len(layers)), "calibration (layers)"):
-        stats = LayerStatistics(i, groups[i])
-        sources = sorted({statistics_source(n) for n in groups[i]})
-
-        def accumulate(name, module, inputs, output, stats=stats):
-            x = inputs[0].detach().reshape(-1, inputs[0].shape[-1]).to(torch.float64)
-            if gram:
-                g = x.T @ x
-                stats.gram[name] = stats.gram[name] + g if name in stats.gram else g
-            if abs_mean:
-                a = x.abs().sum(0)
-                stats.abs_sum[name] = stats.abs_sum[name] + a if name in stats.abs_sum else a
-            stats.count[name] = stats.count.get(name, 0) + x.shape[0]
-
-        outputs = []
-        with torch.no_grad(), forward_hooks(model, sources, accumulate):
-            for hidden, kwargs in batches:
-                out = layers[i](hidden, **kwargs)
-                outputs.append(hidden_of(out).detach())
+    for step in replay_layers(model, ids, batch_size):
+        names = groups[step.index]
+        stats = LayerStatistics(gram_on=gram, abs_on=abs_mean, index=step.index, names=tuple(names))
+        with forward_hooks(model, sorted({statistics_source(n) for n in names}), stats.hook):
+            step.forward(keep=True)
         yield stats
-        batches = [(o, kw) for o, (_, kw) in zip(outputs, batches)]
 
 
 def loss_gradients(model, names: list[str], ids: torch.Tensor, average: bool = True) -> dict[str, torch.Tensor] | list:

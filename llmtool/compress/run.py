@@ -1,87 +1,68 @@
-"""End-to-end `llmtool compress`: validate inputs, load, calibrate, compress, save atomically.
+"""End-to-end `llmtool compress`: validate inputs, load, calibrate, compress, save atomically
+(:func:`llmtool.core.job.job`).
 
 Output directory: low-rank checkpoint of :mod:`lowrank` (config.json with the ``llmtool_lowrank``
-block, safetensors, tokenizer files), ``llmtool_report.json`` (per-module ranks, dense modules,
+block, safetensors, tokenizer files), ``report.json`` (per-module ranks, dense modules,
 predicted loss-change totals, stored parameter count, disk size, timings, peak RSS) and
-``llmtool.json`` (provenance: method, every parameter, source hash, metrics, ranks).
+``llmtool.json`` (provenance: the method config as a dict, source hash, metrics, ranks).
 """
 from __future__ import annotations
 
-import json
-from dataclasses import asdict
 from pathlib import Path
 
-from llmtool.compress.pipeline import CORRECTIONS, CompressConfig, compress_model
+from llmtool.compress.pipeline import CompressConfig, compress_model
 from llmtool.core.console import UsageError, info
-
-
-def validate(cfg: CompressConfig) -> None:
-    from llmtool.compress.methods import load_all
-
-    load_all().get(cfg.method)
-    if not 0.0 < cfg.ratio < 1.0:
-        raise UsageError(f"--ratio {cfg.ratio}: must be strictly between 0 and 1 (fraction of target parameters removed)")
-    if cfg.correction not in CORRECTIONS:
-        raise UsageError(f"--correction {cfg.correction!r}: choose one of: {', '.join(CORRECTIONS)}")
-    if cfg.keep_rank_ratio is not None and not 0.0 <= cfg.keep_rank_ratio <= 1.0:
-        raise UsageError(f"--keep-rank-ratio {cfg.keep_rank_ratio}: must be in [0, 1]")
-    if cfg.stages is not None and cfg.stages < 1:
-        raise UsageError(f"--stages {cfg.stages}: must be >= 1")
-    if cfg.resolved_stages() > 1 and cfg.correction == "none":
-        raise UsageError("--stages > 1 needs --correction pull-subspace (stages repeat truncate -> correct -> re-truncate)")
-    if cfg.resolved_stages() > 1 and cfg.method not in ("zs-svd", "abs-delta", "sigma-global", "svd-llm"):
-        raise UsageError(f"--correction pull-subspace is defined for whitened methods, not --method {cfg.method}")
-    if cfg.eps <= 0:
-        raise UsageError(f"--eps {cfg.eps}: must be > 0")
 
 
 def compress(model_arg: str, out: Path, cfg: CompressConfig, overwrite: bool = False,
              dtype=None, device=None) -> dict:
-    """Compress MODEL into OUT; returns the report (also written to OUT/llmtool_report.json)."""
+    """Compress MODEL into OUT inside the shared job wrapper; returns the report (also OUT/report.json).
+    Provenance (OUT/llmtool.json) is the method config as a dict with the resolved defaults filled in."""
+    import dataclasses
+
     from llmtool.compress.lowrank import FORMAT_KEY, save_lowrank, stored_param_count
     from llmtool.core import data as data_mod
-    from llmtool.core.checkpoint import atomic_output, check_output, copy_tokenizer, dir_size_bytes, read_config, write_provenance
+    from llmtool.core.checkpoint import copy_tokenizer, dir_size_bytes, read_config
     from llmtool.core.evalkit import peak_rss_mb
-    from llmtool.core.models import check_causal_lm, load_model, load_tokenizer, param_count, resolve_model, set_seed
+    from llmtool.core.job import job
+    from llmtool.core.models import load_model, param_count
 
-    validate(cfg)
-    src = resolve_model(model_arg)
-    config = check_causal_lm(src, read_config(src))
-    if FORMAT_KEY in config:
-        raise UsageError(f"{src}: already a low-rank checkpoint (compress the original model instead)")
-    out = check_output(out, overwrite, inputs=(src,))
-    set_seed(cfg.seed)
-    tok = load_tokenizer(src)
-    needs_data = cfg.method != "svd"
-    calib = grad = None
-    if needs_data:
-        calib = data_mod.calibration_batches(tok, cfg.calib_data, cfg.calib_samples, cfg.calib_seqlen, cfg.seed)
-        grad = data_mod.calibration_batches(tok, cfg.calib_data, cfg.grad_samples, cfg.grad_seqlen, cfg.seed + 1)
-    model = load_model(src, dtype=dtype, device=device)
-    params_before = param_count(model)
-    info(f"compressing {src.name} with {cfg.method} at ratio {cfg.ratio}")
-    result = compress_model(model, cfg, calib, grad)
-    with atomic_output(out, overwrite) as tmp:
-        block = {"method": cfg.method, "ratio": cfg.ratio, "ranks": result.ranks, "dense": result.dense,
+    cfg.validate()
+    resolved = {}
+    if hasattr(cfg, "keep_rank_ratio"):
+        resolved["keep_rank_ratio"] = cfg.resolved_keep_rank_ratio()
+    if hasattr(cfg, "stages"):
+        resolved["stages"] = cfg.resolved_stages()
+    cfg = dataclasses.replace(cfg, **resolved)
+    with job("compress", out, overwrite=overwrite, config=cfg, model=model_arg, seed=cfg.seed) as j:
+        src = j.model_path
+        config = read_config(src)
+        if FORMAT_KEY in config:
+            raise UsageError(f"{src}: already a low-rank checkpoint (compress the original model instead)")
+        tok = j.tokenizer
+        needs_data = cfg.needs_data
+        calib = grad = None
+        if needs_data:
+            calib = data_mod.calibration_batches(tok, cfg.calib_data, cfg.calib_samples, cfg.calib_seqlen, cfg.seed)
+            if hasattr(cfg, "grad_samples"):
+                grad = data_mod.calibration_batches(tok, cfg.calib_data, cfg.grad_samples, cfg.grad_seqlen,
+                                                    cfg.seed + 1)
+        model = load_model(src, dtype=dtype, device=device)
+        params_before = param_count(model)
+        info(f"compressing {src.name} with {cfg.name} at ratio {cfg.ratio}")
+        result = compress_model(model, cfg, calib, grad)
+        block = {"method": cfg.name, "ratio": cfg.ratio, "ranks": result.ranks, "dense": result.dense,
                  "calibration": None if not needs_data else {
                      "data": cfg.calib_data, "samples": cfg.calib_samples, "seqlen": cfg.calib_seqlen,
-                     "grad_samples": cfg.grad_samples, "grad_seqlen": cfg.grad_seqlen, "seed": cfg.seed},
+                     "grad_samples": getattr(cfg, "grad_samples", None),
+                     "grad_seqlen": getattr(cfg, "grad_seqlen", None), "seed": cfg.seed},
                  "stages": cfg.resolved_stages()}
-        save_lowrank(model, tmp, config, block)
-        copy_tokenizer(src, tmp)
-        stored = stored_param_count(tmp)
+        save_lowrank(model, j.dir, config, block)
+        copy_tokenizer(src, j.dir)
         report = {**result.report(), "params_before": params_before, "params_after": param_count(model),
-                  "stored_params": stored, "disk_bytes": dir_size_bytes(tmp),
+                  "stored_params": stored_param_count(j.dir), "disk_bytes": dir_size_bytes(j.dir),
                   "source_disk_bytes": dir_size_bytes(src), "peak_rss_mb": peak_rss_mb(),
                   "dtype": str(next(model.parameters()).dtype).replace("torch.", "")}
-        (tmp / "llmtool_report.json").write_text(json.dumps(report, indent=2))
-        metrics = {k: report[k] for k in ("params_before", "params_after", "stored_params", "disk_bytes",
-                                          "removed_params", "target_dense_params", "achieved_ratio", "peak_rss_mb")}
-        metrics["seconds"] = report["seconds"]
-        metrics["predicted_delta_loss"] = [{"stage": s["stage"], "factorised": s["predicted_delta_loss_factorised"],
-                                            "restored": s["predicted_delta_loss_restored"]} for s in report["stages"]]
-        params = {k: v for k, v in asdict(cfg).items() if k != "forced_ranks"}
-        params.update(keep_rank_ratio=cfg.resolved_keep_rank_ratio(), stages=cfg.resolved_stages())
-        write_provenance(tmp, "compress", cfg.method, params, source=src, metrics=metrics,
-                         ranks=result.ranks, dense=result.dense)
+        j.report.update(report)
+        j.extra.update(ranks=result.ranks, dense=result.dense)
     return report

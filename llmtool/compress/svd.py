@@ -9,10 +9,8 @@ from __future__ import annotations
 import torch
 
 from llmtool.compress.factorize import ModuleSpec, Spectrum, split_factors
-from llmtool.compress.methods import METHODS
 
 
-@METHODS.register("svd")
 class PlainSVD:
     needs_gram = False
     needs_grad = False

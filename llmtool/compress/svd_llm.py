@@ -13,11 +13,9 @@ from __future__ import annotations
 import torch
 
 from llmtool.compress.factorize import ModuleSpec, Spectrum, split_factors, whitened_svd
-from llmtool.compress.methods import METHODS
 from llmtool.compress.whitening import whitener_from_covariance
 
 
-@METHODS.register("svd-llm")
 class WhitenedSVD:
     needs_gram = True
     needs_grad = False

@@ -16,10 +16,8 @@ from __future__ import annotations
 import torch
 
 from llmtool.compress.factorize import ModuleSpec, Spectrum, split_factors
-from llmtool.compress.methods import METHODS
 
 
-@METHODS.register("fwsvd")
 class FisherWeightedSVD:
     needs_gram = False
     needs_grad = True
@@ -35,7 +33,6 @@ class FisherWeightedSVD:
         return Spectrum(spec, sigma, None, b / d[:, None], a)
 
 
-@METHODS.register("asvd")
 class ActivationAwareSVD:
     needs_gram = False
     needs_grad = False

@@ -10,7 +10,6 @@ from __future__ import annotations
 import torch
 
 from llmtool.compress.factorize import ModuleSpec, Spectrum, split_factors, whitened_svd
-from llmtool.compress.methods import METHODS
 from llmtool.compress.whitening import whitener_from_covariance
 from llmtool.compress.zs_svd import predicted_loss_change, singular_value_gradients
 
@@ -32,17 +31,14 @@ class _GlobalWhitened:
         return Spectrum(spec, sigma, delta, b, a)
 
 
-@METHODS.register("zs-svd")
 class ZeroSumSVD(_GlobalWhitened):
     rule = "zero-sum"
 
 
-@METHODS.register("sigma-global")
 class SigmaGlobalSVD(_GlobalWhitened):
     needs_grad = False
     rule = "sigma-global"
 
 
-@METHODS.register("abs-delta")
 class AbsDeltaSVD(_GlobalWhitened):
     rule = "abs-delta"

@@ -58,10 +58,6 @@ def predicted_loss_change(sigma: torch.Tensor, g: torch.Tensor) -> torch.Tensor:
     return -sigma * g
 
 
-def default_keep_rank_ratio(ratio: float) -> float:
-    return 0.0 if ratio <= 0.4 + 1e-9 else 0.3
-
-
 @dataclass
 class Selection:
     """Outcome of one global selection."""

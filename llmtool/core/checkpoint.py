@@ -18,9 +18,12 @@ import time
 from pathlib import Path
 from typing import Any, Iterator, Mapping
 
-import torch
+from typing import TYPE_CHECKING
+
 from safetensors import safe_open
-from safetensors.torch import save_file
+
+if TYPE_CHECKING:  # torch is imported where tensors are written, so `--help` stays light
+    import torch
 
 from llmtool.core.console import UsageError
 
@@ -156,6 +159,8 @@ def save_state_dict(
 ) -> list[Path]:
     """Save tensors as safetensors (sharded with an HF index above ``max_shard_bytes``).
     Tensors sharing storage (tied weights) are stored once under the first name."""
+    from safetensors.torch import save_file
+
     out_dir = Path(out_dir)
     seen: dict[tuple[int, int, tuple], str] = {}
     unique: dict[str, torch.Tensor] = {}

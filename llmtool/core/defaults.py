@@ -89,8 +89,8 @@ def pull_model(alias: str, force: bool = False) -> Path:
 
     from llmtool.core.checkpoint import atomic_output
 
-    tok = AutoTokenizer.from_pretrained(src_dir, gguf_file=spec.file)
-    gguf_model = AutoModelForCausalLM.from_pretrained(src_dir, gguf_file=spec.file, dtype=torch.float32)
+    tok = AutoTokenizer.from_pretrained(src_dir, gguf_file=spec.file, trust_remote_code=False)
+    gguf_model = AutoModelForCausalLM.from_pretrained(src_dir, gguf_file=spec.file, dtype=torch.float32, trust_remote_code=False)
     config = gguf_model.config
     # A GGUF-loaded model refuses save_pretrained; rebuild a plain model and move the weights over.
     for attr in ("quantization_config", "_pre_quantization_dtype"):

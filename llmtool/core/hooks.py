@@ -1,5 +1,5 @@
-"""Activation capture on named modules (forward hooks), shared by methods that need layer inputs,
-outputs or Gram statistics from calibration data."""
+"""Forward hooks on named modules and the decoder-layer output convention, shared by every area that
+reads or changes activations (Gram statistics and layer-by-layer calibration: :mod:`llmtool.core.calib`)."""
 from __future__ import annotations
 
 from contextlib import contextmanager
@@ -33,32 +33,3 @@ def forward_hooks(model: torch.nn.Module, names: list[str],
     finally:
         for h in handles:
             h.remove()
-
-
-class GramAccumulator:
-    """Accumulates ``X^T X`` and the token count of the inputs of named Linear modules
-    (float64 on CPU by default: LLM activations make the Gram matrix badly conditioned)."""
-
-    def __init__(self, dtype: torch.dtype = torch.float64):
-        self.dtype = dtype
-        self.gram: dict[str, torch.Tensor] = {}
-        self.count: dict[str, int] = {}
-
-    def __call__(self, name: str, module, inputs: tuple, output) -> None:
-        x = inputs[0].detach().reshape(-1, inputs[0].shape[-1]).to(self.dtype)
-        g = x.T @ x
-        if name in self.gram:
-            self.gram[name] += g
-        else:
-            self.gram[name] = g
-        self.count[name] = self.count.get(name, 0) + x.shape[0]
-
-    def covariance(self, name: str) -> torch.Tensor:
-        return self.gram[name] / max(1, self.count[name])
-
-
-@contextmanager
-def capture_gram(model: torch.nn.Module, names: list[str], dtype=torch.float64) -> Iterator[GramAccumulator]:
-    acc = GramAccumulator(dtype)
-    with forward_hooks(model, names, acc):
-        yield acc

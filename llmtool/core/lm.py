@@ -132,7 +132,7 @@ def generate(model, tokenizer, prompts: Sequence[str] | Sequence[Sequence[int]],
         kwargs = dict(max_new_tokens=max_new_tokens, pad_token_id=pad, eos_token_id=eos,
                       num_return_sequences=n, logits_processor=LogitsProcessorList(list(logits_processors)))
         if temperature > 0:
-            kwargs.update(do_sample=True, temperature=temperature, top_p=top_p, top_k=top_k or None)
+            kwargs.update(do_sample=True, temperature=temperature, top_p=top_p, top_k=top_k)
         else:
             kwargs.update(do_sample=False, temperature=None, top_p=None, top_k=None)
         out = model.generate(input_ids=ids.to(dev), attention_mask=mask.to(dev), **kwargs)

@@ -177,16 +177,10 @@ def load_tokenizer(model):
 
 
 def decoder_layers(model) -> torch.nn.ModuleList:
-    """The list of decoder blocks of a Llama-style (or compatible) causal LM."""
-    for attr in ("model.layers", "model.decoder.layers", "transformer.h", "gpt_neox.layers"):
-        obj = model
-        try:
-            for part in attr.split("."):
-                obj = getattr(obj, part)
-        except AttributeError:
-            continue
-        return obj
-    raise UsageError(f"unsupported architecture {type(model).__name__}: cannot find its decoder layers")
+    """The list of decoder blocks of a causal LM (see :mod:`llmtool.core.arch`)."""
+    from llmtool.core.arch import decoder_layers as layers_of
+
+    return layers_of(model)
 
 
 def set_seed(seed: int | None = None) -> int:

@@ -276,7 +276,8 @@ def method_options(registry: Registry, default: str | None = None, param: str = 
     def deco(func: Callable) -> Callable:
         sig = inspect.signature(func)
         hints = typing.get_type_hints(func, include_extras=True)
-        own = [p for p in sig.parameters.values() if p.name != param]
+        own = [p.replace(annotation=hints.get(p.name, p.annotation))
+               for p in sig.parameters.values() if p.name != param]
         taken = {p.name for p in own}
         fields = _union_fields(registry)
         field_hints: dict[str, Any] = {}

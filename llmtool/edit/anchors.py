@@ -36,10 +36,9 @@ from dataclasses import dataclass
 import torch
 
 from llmtool.edit.layerio import capture_at, edit_layer_output, scatter_at
+from llmtool.edit.methods import ANCHORS  # noqa: F401  (re-exported)
 from llmtool.edit.prompts import encode, pad_batch, subject_last_index
 from llmtool.edit.requests import EditRequest
-
-ANCHORS = ("backward", "forward")
 
 
 @dataclass

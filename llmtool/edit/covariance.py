@@ -4,7 +4,7 @@
 Protocol: ``samples`` token positions taken as ``ceil(samples / seqlen)`` random windows of
 ``seqlen`` tokens of the corpus (``llmtool.core.data.calibration_batches``, packaged
 ``austen-train`` by default: the paper lineage uses Wikipedia, which is not available offline).
-Accumulated in float64 on CPU, stored in float32 (the spec's choice) under
+Accumulated in float64 on CPU (:class:`llmtool.core.calib.InputStatistics`), stored in float32 (the spec's choice) under
 ``$LLMTOOL_HOME/edit-stats/<model sha256[:16]>/`` as one safetensors file per (layer, corpus,
 samples, seqlen, seed), so statistics of one model are never reused for another.
 """
@@ -17,10 +17,11 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file, save_file
 
+from llmtool.core.arch import linear_names
+from llmtool.core.calib import input_statistics
 from llmtool.core.checkpoint import atomic_file
 from llmtool.core.console import info, progress
 from llmtool.core.data import calibration_batches
-from llmtool.edit.layerio import down_proj
 
 
 def stats_root() -> Path:
@@ -40,25 +41,11 @@ def compute_second_moments(model, tok, layers: list[int], corpus: str = "austen-
     n_windows = max(1, math.ceil(samples / seqlen))
     batches = calibration_batches(tok, corpus, n=n_windows, seqlen=seqlen, seed=seed)
     device = next(model.parameters()).device
-    acc = {l: None for l in layers}
-    count = 0
-
-    def hook(layer):
-        def fn(module, inputs):
-            x = inputs[0].detach().reshape(-1, inputs[0].shape[-1]).to("cpu", torch.float64)
-            acc[layer] = x.T @ x if acc[layer] is None else acc[layer] + x.T @ x
-        return fn
-
-    handles = [down_proj(model, l).register_forward_pre_hook(hook(l)) for l in layers]
-    try:
+    names = {l: linear_names(model, roles=("down",))[l][0] for l in layers}
+    with input_statistics(model, list(names.values()), device="cpu") as stats:
         for i in progress(range(0, n_windows, batch_size), "key statistics", total=math.ceil(n_windows / batch_size)):
-            x = batches[i:i + batch_size].to(device)
-            model(input_ids=x)
-            count += x.numel()
-    finally:
-        for h in handles:
-            h.remove()
-    return {l: (acc[l] / count).to(torch.float32) for l in layers}
+            model(input_ids=batches[i:i + batch_size].to(device))
+    return {l: stats.covariance(names[l]).to(torch.float32) for l in layers}
 
 
 def second_moments(model, tok, layers: list[int], fingerprint: str, corpus: str = "austen-train",

@@ -31,10 +31,10 @@ from typing import Iterator
 import torch
 
 from llmtool.core.console import UsageError, progress
-from llmtool.core.models import decoder_layers
+from llmtool.core.arch import ROLES, decoder_layers, linear
 
-MODULES = {"q": "self_attn.q_proj", "k": "self_attn.k_proj", "v": "self_attn.v_proj", "o": "self_attn.o_proj",
-           "gate": "mlp.gate_proj", "up": "mlp.up_proj", "down": "mlp.down_proj", "ffn": "mlp.down_proj"}
+# neuron family -> block role of the module holding it (``ffn``: the down_proj input channels)
+MODULES = {**{r: r for r in ROLES}, "ffn": "down"}
 DEFAULT_FAMILIES = ("q", "k", "v", "o", "gate", "up", "ffn")
 SCORES = ("worst-rank", "mean", "min")
 DATA = Path(__file__).parent / "data"
@@ -55,10 +55,7 @@ class Neuron:
 
 
 def module_of(model, family: str, layer: int) -> torch.nn.Linear:
-    obj = decoder_layers(model)[layer]
-    for part in MODULES[family].split("."):
-        obj = getattr(obj, part)
-    return obj
+    return linear(decoder_layers(model)[layer], MODULES[family])
 
 
 def width(model, family: str, layer: int) -> int:
@@ -227,13 +224,12 @@ def load_keystone(path: Path, k: int | None = None) -> list[Neuron]:
 @torch.no_grad()
 def mean_ppl(model, token_ids: list[torch.Tensor]) -> float:
     """exp of the token-weighted mean NLL over the texts (each text one sequence)."""
-    device = next(model.parameters()).device
-    total, count = 0.0, 0
-    for ids in token_ids:
-        x = ids[None].to(device)
-        logp = torch.log_softmax(model(input_ids=x).logits[0, :-1].double(), -1)
-        total += -logp.gather(-1, x[0, 1:, None]).sum().item()
-        count += x.shape[1] - 1
     import math
 
+    from llmtool.core.lm import token_nll
+
+    total, count = 0.0, 0
+    for ids in token_ids:
+        total += float(token_nll(model, ids[None]).double().sum())
+        count += ids.numel() - 1
     return math.exp(total / max(1, count))

@@ -6,7 +6,6 @@ from pathlib import Path
 
 import typer
 
-from llmtool.core.checkpoint import check_output
 from llmtool.core.console import OPTIONS, UsageError, emit, info
 from llmtool.core.options import ModelArg, OutDirArg, Overwrite
 
@@ -28,7 +27,7 @@ def _tokens(tok, rows):
 @app.command("find")
 def find_command(
     model: ModelArg,
-    out: Path = typer.Option(Path("keystone.json"), "--out", help="Where to write the ranked neurons."),
+    out: Path = typer.Option(Path("keystone.json"), "-o", "--out", help="Where to write the ranked neurons."),
     prompts: str = typer.Option("", "--prompts", help="Probe JSONL ({dimension, text}); default: 4 packaged probes."),
     families: str = typer.Option("q,k,v,o,gate,up,ffn", "--families", help="Candidate neuron families."),
     score: str = typer.Option("worst-rank", "--score", help="worst-rank | mean | min"),
@@ -40,12 +39,10 @@ def find_command(
     """Rank neurons by cross-task activation strength and write the keystone set."""
     import hashlib
 
-    import torch
-
+    from llmtool.core.checkpoint import check_output
     from llmtool.core.models import load_model, load_tokenizer, resolve_model
     from llmtool.edit.keystone import default_probes, parse_families, probe_activations, rank_neurons, save_keystone
 
-    torch.set_num_threads(min(2, torch.get_num_threads()))
     check_output(out, overwrite)
     fams = parse_families(families)
     rows = _texts(prompts, default_probes)
@@ -73,13 +70,10 @@ def ablate_command(
     random_controls: int = typer.Option(3, "--random-controls", min=0, help="Matched random sets per K."),
 ) -> None:
     """Perplexity with the top-K keystone neurons zeroed vs equal-size matched random sets."""
-    import torch
-
     from llmtool.core.models import load_model, load_tokenizer
     from llmtool.edit.cli import parse_int_list
     from llmtool.edit.keystone import ablated, default_eval_texts, load_keystone, matched_random, mean_ppl
 
-    torch.set_num_threads(min(2, torch.get_num_threads()))
     ks = parse_int_list(k, "--k")
     all_neurons = load_keystone(neurons, max(ks) if ks else None)
     tok, m = load_tokenizer(model), load_model(model)
@@ -118,34 +112,31 @@ def finetune_command(
     overwrite: Overwrite = False,
 ) -> None:
     """SFT that updates only keystone rows (baselines: --trainable full / random)."""
-    import torch
-
     from llmtool.core.data import read_jsonl
-    from llmtool.core.models import load_model, load_tokenizer, resolve_model
+    from llmtool.core.job import job
     from llmtool.edit.keystone import load_keystone, matched_random
-    from llmtool.edit.keystone_sft import SFTConfig, arithmetic_task, encode_examples
     from llmtool.edit.keystone_run import run_finetune
+    from llmtool.edit.keystone_sft import SFTConfig, arithmetic_task
 
-    torch.set_num_threads(min(2, torch.get_num_threads()))
     if trainable not in ("keystone", "random", "full"):
         raise UsageError(f"unknown --trainable {trainable!r}; choose keystone, random or full")
-    src = resolve_model(model)
-    check_output(out, overwrite, inputs=(src,))
-    if data == "arithmetic":
-        rows = arithmetic_task(n_train + 64, OPTIONS.seed)
-    else:
-        rows = read_jsonl(data, required=("prompt", "response"))
-    tok, m = load_tokenizer(src), load_model(src)
-    sel = None
-    if trainable != "full":
-        sel = load_keystone(neurons, k)
-        if trainable == "random":
-            sel = matched_random(m, sel, OPTIONS.seed)
-    ex = encode_examples(tok, rows)
-    held = ex[-64:] if data == "arithmetic" else ex[: max(1, len(ex) // 10)]
-    train_ex = ex[:-64] if data == "arithmetic" else ex[len(held):]
     cfg = SFTConfig(lr=lr, epochs=epochs, weight_decay=weight_decay, batch_size=batch_size, max_steps=max_steps,
-                    seed=OPTIONS.seed)
-    res = run_finetune(m, tok, src, out, overwrite, train_ex, held, sel, cfg, trainable)
+                    seed=OPTIONS.seed, trainable=trainable, k=k)
+    with job("edit keystone finetune", out, overwrite=overwrite, config=cfg, model=model) as j:
+        if data == "arithmetic":
+            rows = arithmetic_task(n_train + 64, OPTIONS.seed)
+        else:
+            rows = read_jsonl(data, required=("prompt", "response"))
+        tok, m = j.tokenizer, j.model
+        sel = None
+        if trainable != "full":
+            sel = load_keystone(neurons, k)
+            if trainable == "random":
+                sel = matched_random(m, sel, OPTIONS.seed)
+        held = rows[-64:] if data == "arithmetic" else rows[: max(1, len(rows) // 10)]
+        train_rows = rows[:-64] if data == "arithmetic" else rows[len(held):]
+        res, metrics = run_finetune(m, tok, j.model_path, j.dir, train_rows, held, sel, cfg, trainable)
+        j.report.update(metrics)
+        j.extra["run"] = {"data": data, "neurons": str(neurons) if trainable != "full" else None, "n_train": n_train}
     info(f"wrote {out}")
     emit(res)

@@ -1,20 +1,22 @@
 """Keystone-only supervised fine-tuning with an exact row mask (delta parametrisation), plus the
-full-SFT and random-neuron-SFT baselines (spec keystone-neurons §3.4, §4).
+full-SFT and random-neuron-SFT baselines (spec keystone-neurons §3.4, §4), on the shared trainer
+(:func:`llmtool.core.trainer.sft`: transformers' Trainer + accelerate).
 
 Trainable parameters of neuron (f, l, c): row c of W_f (and bias c); for ``ffn``: row c of
 gate_proj and up_proj and column c of down_proj.  [spec decision]  Base weights stay frozen;
-each touched module gets one fp32 delta holding only its selected rows, applied in the forward
-pass as  y = W x + scatter_rows(Δ) x  (a forward hook adding Δx into the selected output
-channels; for down_proj columns, Δ x[..., cols]).  Rows outside the selection therefore never
-change, whatever the optimiser (AdamW weight decay acts on Δ only), and optimiser state is tiny.
+each touched module gets one fp32 delta parameter holding only its selected rows (registered on the
+module, so the trainer sees it as a named parameter and trains nothing else), applied in the forward
+pass as  y = W x + scatter_rows(Δ) x  (a forward hook adding Δx into the selected output channels;
+for down_proj columns, Δ x[..., cols]).  Rows outside the selection therefore never change, whatever
+the optimiser (AdamW weight decay acts on Δ only), and optimiser state is tiny.
 
-Objective: causal-LM cross-entropy on response tokens only.  Defaults [spec decision]: AdamW
-(0.9, 0.999), weight decay 0, cosine schedule with 3 % linear warm-up, grad clip 1.0.
-Merging adds Δ to the selected rows in fp32 and casts back to the checkpoint dtype.
+Objective: causal-LM cross-entropy on response tokens only (EOS appended).  Defaults [spec decision]:
+AdamW (0.9, 0.999), weight decay 0, cosine schedule with 3 % linear warm-up, grad clip 1.0.
+Merging adds Δ to the selected rows in fp32, casts back to the checkpoint dtype and removes the
+delta parameters and hooks.
 """
 from __future__ import annotations
 
-import math
 import random
 from dataclasses import dataclass
 
@@ -33,36 +35,56 @@ class SFTConfig:
     batch_size: int = 8
     max_steps: int = 0   # 0 = epochs × batches
     seed: int = 0
+    max_length: int = 256
+    trainable: str = "keystone"   # keystone | random | full (provenance)
+    k: int = 0                    # neurons trained (provenance)
+
+    def as_dict(self) -> dict:
+        from dataclasses import asdict
+
+        return {"method": self.trainable, **asdict(self)}
+
+    def train_args(self):
+        """The shared trainer's arguments for this run."""
+        from llmtool.core.trainer import TrainArgs
+
+        return TrainArgs(lr=self.lr, epochs=float(self.epochs), max_steps=self.max_steps or -1,
+                         batch_size=self.batch_size, max_length=self.max_length, warmup_ratio=self.warmup_frac,
+                         weight_decay=self.weight_decay, max_grad_norm=self.grad_clip, lr_scheduler="cosine",
+                         seed=self.seed, logging_steps=1)
 
 
 class RowDeltas:
-    """fp32 deltas on selected rows (and down_proj columns for ``ffn``), installed as hooks."""
+    """fp32 deltas on selected rows (and down_proj columns for ``ffn``), registered as parameters
+    ``keystone_rows_delta`` / ``keystone_cols_delta`` (+ ``keystone_bias_delta``) of the touched modules
+    and applied by forward hooks."""
 
     def __init__(self, model, neurons: list[Neuron]):
-        self.entries = []  # (module, kind, index, weight delta, bias delta or None)
+        wanted: dict[tuple[int, str], tuple[torch.nn.Linear, set]] = {}
         for (f, l), chans in group_channels(neurons).items():
-            idx = torch.tensor(sorted(set(chans)))
             if f == "ffn":
-                for fam in ("gate", "up"):
-                    self._add(module_of(model, fam, l), "rows", idx)
-                self._add(module_of(model, "down", l), "cols", idx)
+                parts = [(module_of(model, "gate", l), "rows"), (module_of(model, "up", l), "rows"),
+                         (module_of(model, "down", l), "cols")]
             else:
-                self._add(module_of(model, f, l), "rows", idx)
+                parts = [(module_of(model, f, l), "rows")]
+            for m, kind in parts:
+                wanted.setdefault((id(m), kind), (m, set()))[1].update(chans)
+        names = {id(m): n for n, m in model.named_modules()}
+        self.entries = []  # (module, kind, index, weight delta, bias delta or None)
+        self.names: list[str] = []
+        for (_, kind), (m, chans) in wanted.items():
+            idx = torch.tensor(sorted(chans), device=m.weight.device)
+            shape = (len(idx), m.in_features) if kind == "rows" else (m.out_features, len(idx))
+            dw = torch.nn.Parameter(torch.zeros(shape, dtype=torch.float32, device=m.weight.device))
+            m.register_parameter(f"keystone_{kind}_delta", dw)
+            self.names.append(f"{names[id(m)]}.keystone_{kind}_delta")
+            db = None
+            if kind == "rows" and m.bias is not None:
+                db = torch.nn.Parameter(torch.zeros(len(idx), dtype=torch.float32, device=m.weight.device))
+                m.register_parameter("keystone_bias_delta", db)
+                self.names.append(f"{names[id(m)]}.keystone_bias_delta")
+            self.entries.append((m, kind, idx, dw, db))
         self.handles = []
-
-    def _add(self, m: torch.nn.Linear, kind: str, idx: torch.Tensor) -> None:
-        for e in self.entries:
-            if e[0] is m and e[1] == kind:  # merge with an existing selection of the same module
-                merged = torch.unique(torch.cat([e[2], idx]))
-                self.entries.remove(e)
-                idx = merged
-                break
-        shape = (len(idx), m.in_features) if kind == "rows" else (m.out_features, len(idx))
-        dw = torch.zeros(shape, dtype=torch.float32, device=m.weight.device, requires_grad=True)
-        db = None
-        if kind == "rows" and m.bias is not None:
-            db = torch.zeros(len(idx), dtype=torch.float32, device=m.weight.device, requires_grad=True)
-        self.entries.append((m, kind, idx.to(m.weight.device), dw, db))
 
     def parameters(self) -> list[torch.Tensor]:
         return [p for e in self.entries for p in (e[3], e[4]) if p is not None]
@@ -85,13 +107,18 @@ class RowDeltas:
         return self
 
     def remove(self) -> None:
+        """Remove the hooks and the delta parameters (the model is as before, unless merged)."""
         for h in self.handles:
             h.remove()
         self.handles = []
+        for m, kind, _, _, db in self.entries:
+            m._parameters.pop(f"keystone_{kind}_delta", None)
+            if db is not None:
+                m._parameters.pop("keystone_bias_delta", None)
 
     @torch.no_grad()
     def merge(self) -> None:
-        """Add the deltas into the weights (fp32 arithmetic) and remove the hooks."""
+        """Add the deltas into the weights (fp32 arithmetic) and remove hooks and delta parameters."""
         self.remove()
         for m, kind, idx, dw, db in self.entries:
             W = m.weight
@@ -123,85 +150,73 @@ def arithmetic_task(n: int, seed: int) -> list[dict]:
     return rows
 
 
-def encode_examples(tok, rows: list[dict], max_len: int = 256) -> list[tuple[list[int], int]]:
-    out = []
-    for r in rows:
-        p = tok(r["prompt"], add_special_tokens=False)["input_ids"]
-        y = tok(r["response"], add_special_tokens=False)["input_ids"]
-        if tok.eos_token_id is not None:
-            y = y + [tok.eos_token_id]
-        out.append(((p + y)[:max_len], len(p)))
-    return out
+def sft_examples(rows: list[dict]) -> list[dict]:
+    """``{prompt, response}`` rows as the shared trainer's ``{prompt, completion}`` examples."""
+    return [{"prompt": r["prompt"], "completion": r["response"]} for r in rows]
 
 
-def batch_loss(model, examples: list[tuple[list[int], int]], pad_id: int) -> torch.Tensor:
-    device = next(model.parameters()).device
-    n = max(len(ids) for ids, _ in examples)
-    x = torch.full((len(examples), n), pad_id, dtype=torch.long)
-    labels = torch.full((len(examples), n), -100, dtype=torch.long)
-    mask = torch.zeros((len(examples), n), dtype=torch.long)
-    for i, (ids, n_prompt) in enumerate(examples):
-        x[i, :len(ids)] = torch.tensor(ids)
-        labels[i, n_prompt:len(ids)] = torch.tensor(ids[n_prompt:])
-        mask[i, :len(ids)] = 1
-    logits = model(input_ids=x.to(device), attention_mask=mask.to(device)).logits.float()
-    return torch.nn.functional.cross_entropy(logits[:, :-1].reshape(-1, logits.shape[-1]),
-                                             labels[:, 1:].reshape(-1).to(device), ignore_index=-100)
+def encode_examples(tok, rows: list[dict], max_len: int = 256) -> list[dict]:
+    """Token ids and labels (-100 on the prompt) of ``{prompt, response}`` rows, EOS appended, exactly
+    as the trainer sees them (:func:`llmtool.core.trainer.encode_examples`)."""
+    from llmtool.core.trainer import encode_examples as encode
+
+    return encode(tok, sft_examples(rows), max_len)
 
 
 @torch.no_grad()
-def eval_loss(model, examples, pad_id: int, batch_size: int = 16) -> float:
+def eval_loss(model, examples: list[dict], pad_id: int, batch_size: int = 16) -> float:
+    """Mean response-token cross-entropy per batch of ``batch_size`` examples, averaged over examples."""
+    from llmtool.core.lm import token_nll
+
     total, n = 0.0, 0
     for s in range(0, len(examples), batch_size):
         chunk = examples[s:s + batch_size]
-        total += batch_loss(model, chunk, pad_id).item() * len(chunk)
+        width = max(len(e["input_ids"]) for e in chunk)
+        ids = torch.full((len(chunk), width), pad_id, dtype=torch.long)
+        labels = torch.full((len(chunk), width), -100, dtype=torch.long)
+        for i, e in enumerate(chunk):
+            ids[i, :len(e["input_ids"])] = torch.tensor(e["input_ids"])
+            labels[i, :len(e["labels"])] = torch.tensor(e["labels"])
+        mask = (torch.arange(width)[None, :] < torch.tensor([len(e["input_ids"]) for e in chunk])[:, None]).long()
+        nll = token_nll(model, ids, mask)
+        scored = labels[:, 1:] != -100
+        total += float(nll[scored.to(nll.device)].mean()) * len(chunk)
         n += len(chunk)
     return total / max(1, n)
 
 
-def train(model, examples, params: list[torch.Tensor], cfg: SFTConfig, pad_id: int, log=None) -> list[dict]:
-    """AdamW + cosine/warm-up + clipping over ``params``; returns per-step records."""
-    g = random.Random(cfg.seed)
-    steps_per_epoch = math.ceil(len(examples) / cfg.batch_size)
-    total = cfg.max_steps or cfg.epochs * steps_per_epoch
-    warm = max(1, int(cfg.warmup_frac * total))
-    opt = torch.optim.AdamW(params, lr=cfg.lr, betas=(0.9, 0.999), weight_decay=cfg.weight_decay)
-    sched = torch.optim.lr_scheduler.LambdaLR(
-        opt, lambda s: (s + 1) / warm if s < warm else 0.5 * (1 + math.cos(math.pi * (s - warm) / max(1, total - warm))))
-    records, step = [], 0
-    order: list[int] = []
-    model.train(False)
-    while step < total:
-        if not order:
-            order = list(range(len(examples)))
-            g.shuffle(order)
-        idx, order = order[:cfg.batch_size], order[cfg.batch_size:]
-        loss = batch_loss(model, [examples[i] for i in idx], pad_id)
-        opt.zero_grad()
-        loss.backward()
-        gn = torch.nn.utils.clip_grad_norm_(params, cfg.grad_clip)
-        opt.step()
-        sched.step()
-        rec = {"step": step, "loss": float(loss.detach()), "lr": float(sched.get_last_lr()[0]), "grad_norm": float(gn)}
-        records.append(rec)
-        if log:
-            log(rec)
-        step += 1
-    return records
+def finetune(model, tok, rows: list[dict], cfg: SFTConfig, mode: str, neurons: list[Neuron] | None = None) -> dict:
+    """Train ``model`` in place with the shared trainer on ``{prompt, response}`` rows: every parameter
+    (``full``) or only the row deltas of ``neurons`` (``keystone``/``random``), merged at the end.
+    Returns ``{"records", "trainable_parameters", "delta_state", "train"}``."""
+    from llmtool.core.trainer import sft
 
-
-def trainable_parameters(model, mode: str, neurons: list[Neuron] | None) -> tuple[list[torch.Tensor], RowDeltas | None]:
-    """What ``mode`` trains: every (deduplicated, tied weights once) parameter for ``full``, else
-    the row deltas of ``neurons``, installed as hooks."""
-    for p in model.parameters():
-        p.requires_grad_(mode == "full")
+    deltas, trainable = None, None
     if mode == "full":
-        return list({id(p): p for p in model.parameters()}.values()), None
-    deltas = RowDeltas(model, neurons).install()
-    return deltas.parameters(), deltas
+        for p in model.parameters():
+            p.requires_grad_(True)
+        count = sum(p.numel() for p in {id(p): p for p in model.parameters()}.values())
+    else:
+        deltas = RowDeltas(model, neurons or []).install()
+        trainable = deltas.names
+        count = deltas.trainable_count()
+    try:
+        res = sft(model, tok, sft_examples(rows), cfg.train_args(), trainable=trainable)
+    except BaseException:
+        if deltas is not None:
+            deltas.remove()
+        raise
+    names = {id(m): n for n, m in model.named_modules()}
+    delta_state = deltas.state(names) if deltas is not None else {}
+    if deltas is not None:
+        deltas.merge()
+    for p in model.parameters():
+        p.requires_grad_(False)
+    records = [{"step": int(r["step"]), "loss": float(r["loss"]), "lr": float(r.get("learning_rate", 0.0)),
+                "grad_norm": float(r.get("grad_norm", 0.0))} for r in res["log_history"] if "loss" in r]
+    return {"records": records, "trainable_parameters": count, "delta_state": delta_state, "train": res}
 
 
 def task_metrics(model, held_examples, retention_ids: list[torch.Tensor], pad_id: int) -> dict:
     """Held-out target-task loss and retention perplexity (on the capability texts)."""
     return {"target_loss": eval_loss(model, held_examples, pad_id), "retention_ppl": mean_ppl(model, retention_ids)}
-

@@ -13,12 +13,12 @@ from typing import Callable, Iterator
 
 import torch
 
+from llmtool.core.arch import decoder_layers, linear
 from llmtool.core.hooks import hidden_of, with_hidden
-from llmtool.core.models import decoder_layers
 
 
 def down_proj(model, layer: int) -> torch.nn.Linear:
-    return decoder_layers(model)[layer].mlp.down_proj
+    return linear(decoder_layers(model)[layer], "down")
 
 
 @contextmanager

@@ -8,10 +8,7 @@ import json
 import shutil
 from pathlib import Path
 
-import torch
-
-from llmtool.core.checkpoint import (LazyCheckpoint, atomic_output, copy_tokenizer, save_state_dict,
-                                     source_hash, write_provenance)
+from llmtool.core.checkpoint import LazyCheckpoint, copy_tokenizer, save_state_dict, source_hash
 from llmtool.core.console import UsageError, info
 from llmtool.edit.memit import EditConfig, apply_edits
 from llmtool.edit.requests import EditRequest
@@ -47,17 +44,18 @@ def prepare(model, tok, model_dir: Path, cfg: EditConfig, seed: int, stats_corpu
 
 def save_edited(model, src: Path, tmp: Path, layers: list[int]) -> list[str]:
     """Write the checkpoint: original tensors, with the edited layers' down_proj replaced."""
-    from llmtool.core.models import decoder_layers
+    from llmtool.core.arch import linear_names
 
     ckpt = LazyCheckpoint(src)
     tensors = ckpt.load()
     changed = []
     for l in layers:
-        matches = [k for k in tensors if k.endswith(f"layers.{l}.mlp.down_proj.weight")]
+        module = linear_names(model, roles=("down",))[l][0]
+        matches = [k for k in tensors if k == f"{module}.weight" or k.endswith("." + module.split(".", 1)[-1] + ".weight")]
         if len(matches) != 1:
-            raise UsageError(f"{src}: cannot find mlp.down_proj.weight of layer {l} in the checkpoint")
+            raise UsageError(f"{src}: cannot find {module}.weight of layer {l} in the checkpoint")
         name = matches[0]
-        w = decoder_layers(model)[l].mlp.down_proj.weight.detach().cpu()
+        w = model.get_submodule(module).weight.detach().cpu()
         tensors[name] = w.to(tensors[name].dtype).contiguous()
         changed.append(name)
     save_state_dict(tensors, tmp)
@@ -68,55 +66,62 @@ def save_edited(model, src: Path, tmp: Path, layers: list[int]) -> list[str]:
     return changed
 
 
-def write_outputs(model, src: Path, out: Path, overwrite: bool, cfg: EditConfig, requests: list[EditRequest],
+def write_outputs(model, src: Path, tmp: Path, cfg: EditConfig, requests: list[EditRequest],
                   report: dict, templates: list[str], params: dict) -> dict:
+    """Checkpoint, ``edit_manifest.json`` and ``targets.safetensors`` into the job directory ``tmp``."""
     from safetensors.torch import save_file
 
-    with atomic_output(out, overwrite) as tmp:
-        changed = save_edited(model, src, tmp, cfg.layers if requests else [])
-        batches = report.get("batches", [])
-        manifest = {
-            "method": cfg.method, "anchor": cfg.anchor, "layers": cfg.layers, "config": cfg.to_json(),
-            "templates": templates, "requests": [r.digest() for r in requests],
-            "changed_tensors": changed,
-            "batches": [{"layers": b["layers"], "z": b["z"]} for b in batches],
-            "solver": report.get("solver", {}), **params,
-        }
-        (tmp / "edit_manifest.json").write_text(json.dumps(manifest, indent=2, default=str))
-        targets = {}
-        for bi, b in enumerate(batches):
-            for l, t in b["targets"].items():
-                targets[f"batch{bi}.layer{l}"] = t.float().contiguous()
-        if targets:
-            save_file(targets, str(tmp / "targets.safetensors"))
-        final = batches[-1]["layers"][-1]["remaining_residual_ratio"] if batches else None
-        write_provenance(tmp, "edit", f"{cfg.method}+{cfg.anchor}", {**cfg.to_json(), **params}, source=src,
-                         metrics={"requests": len(requests), "final_remaining_residual_ratio": final})
+    changed = save_edited(model, src, tmp, cfg.layers if requests else [])
+    batches = report.get("batches", [])
+    manifest = {
+        "method": cfg.method, "anchor": cfg.anchor, "layers": cfg.layers, "config": cfg.to_json(),
+        "templates": templates, "requests": [r.digest() for r in requests],
+        "changed_tensors": changed,
+        "batches": [{"layers": b["layers"], "z": b["z"]} for b in batches],
+        "solver": report.get("solver", {}), **params,
+    }
+    (tmp / "edit_manifest.json").write_text(json.dumps(manifest, indent=2, default=str))
+    targets = {}
+    for bi, b in enumerate(batches):
+        for l, t in b["targets"].items():
+            targets[f"batch{bi}.layer{l}"] = t.float().contiguous()
+    if targets:
+        save_file(targets, str(tmp / "targets.safetensors"))
     return manifest
+
+
+def _dtype(model) -> str:
+    return str(next(model.parameters()).dtype).replace("torch.", "")
 
 
 def run_edit(model_arg: str, requests: list[EditRequest], out: Path, cfg: EditConfig, overwrite: bool = False,
              seed: int = 0, stats_corpus: str = "austen-train", stats_samples: int = 20000,
-             preset: str | None = None) -> dict:
-    from llmtool.core.checkpoint import check_output
-    from llmtool.core.models import check_causal_lm, decoder_layers, load_model, load_tokenizer, resolve_model, set_seed
+             preset: str | None = None, method_config=None) -> dict:
+    """Edit MODEL into OUT inside the shared job wrapper. Provenance is ``method_config`` (the CLI's method
+    config) as a dict; the runtime EditConfig and run settings are recorded beside it."""
+    from llmtool.core.arch import arch_of
+    from llmtool.core.job import job
+    from llmtool.core.models import decoder_layers, set_seed
 
-    src = resolve_model(model_arg)
-    check_causal_lm(src)
-    check_output(out, overwrite, inputs=(src,))
-    tok = load_tokenizer(src)
-    model = load_model(src, dtype=torch.float32)
-    try:
-        decoder_layers(model)[0].mlp.down_proj
-    except AttributeError:
-        raise UsageError(f"{src}: unsupported architecture (decoder layers have no mlp.down_proj)") from None
-    cfg.layers = check_layers(cfg.layers, len(decoder_layers(model)))
-    set_seed(seed)
-    if not requests:
-        info("empty request set: writing an unchanged copy")
-        return write_outputs(model, src, out, overwrite, cfg, [], {}, [], {"seed": seed})
-    C, templates, fp = prepare(model, tok, src, cfg, seed, stats_corpus, stats_samples)
-    report = apply_edits(model, tok, requests, cfg, templates, C)
-    params = {"seed": seed, "stats_corpus": stats_corpus, "stats_samples": stats_samples, "model_fingerprint": fp,
-              "preset": preset}
-    return write_outputs(model, src, out, overwrite, cfg, requests, report, templates, params)
+    with job("edit", out, overwrite=overwrite, config=method_config if method_config is not None else cfg,
+             model=model_arg, seed=seed) as j:
+        src = j.model_path
+        tok = j.tokenizer
+        model = j.model  # the global --dtype (statistics and solves are float64 regardless)
+        arch_of(model, "llmtool edit")
+        cfg.layers = check_layers(cfg.layers, len(decoder_layers(model)))
+        set_seed(seed)
+        params = {"seed": seed, "dtype": _dtype(model)}
+        report, templates = {}, []
+        if not requests:
+            info("empty request set: writing an unchanged copy")
+        else:
+            C, templates, fp = prepare(model, tok, src, cfg, seed, stats_corpus, stats_samples)
+            report = apply_edits(model, tok, requests, cfg, templates, C)
+            params.update(stats_corpus=stats_corpus, stats_samples=stats_samples, model_fingerprint=fp, preset=preset)
+        manifest = write_outputs(model, src, j.dir, cfg, requests, report, templates, params)
+        batches = report.get("batches", [])
+        j.report.update(requests=len(requests), final_remaining_residual_ratio=(
+            batches[-1]["layers"][-1]["remaining_residual_ratio"] if batches else None))
+        j.extra.update(edit_config=cfg.to_json(), run=params)
+    return manifest

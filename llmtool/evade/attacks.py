@@ -8,6 +8,9 @@ Every attack maps watermarked texts to attacked texts plus per-item fields:
 - ``word-delete`` / ``synonym``: cheap edits (see :mod:`llmtool.evade.edits`);
 - ``emoji``: generation-time attack — the *watermarked* generator is asked to put an emoji after
   every word, with the watermark on, and the emojis are stripped before detection.
+
+The options of each attack are its config in :mod:`llmtool.evade.attack_methods` (the method
+contract); a config's ``attack`` names its function in :data:`ATTACKS`.
 """
 from __future__ import annotations
 

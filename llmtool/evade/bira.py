@@ -74,10 +74,9 @@ def rank_by_surprisal(ids: Sequence[int], surprisal: Sequence[float], percentile
 @torch.no_grad()
 def token_surprisal(model, ids: Sequence[int]) -> np.ndarray:
     """``-log p(x_t | x_<t)`` for every position (position 0 gets NaN)."""
-    device = next(model.parameters()).device
-    x = torch.tensor([list(ids)], dtype=torch.long, device=device)
-    logp = torch.log_softmax(model(input_ids=x).logits[0, :-1].double(), dim=-1)
-    s = -logp.gather(-1, x[0, 1:, None]).squeeze(-1).cpu().numpy()
+    from llmtool.core.lm import token_nll
+
+    s = token_nll(model, torch.tensor([list(ids)], dtype=torch.long))[0].double().cpu().numpy()
     return np.concatenate([[np.nan], s])
 
 

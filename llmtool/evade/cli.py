@@ -1,21 +1,33 @@
 """`llmtool evade ...`: watermark text (KGW, Unigram, EXP, DiPmark), detect watermarks, attack them
 (BIRA and its baselines), and score detection / text quality. Heavy imports stay inside commands."""
-from __future__ import annotations
-
 from pathlib import Path
 from typing import Annotated, List, Optional
 
 import typer
 
-from llmtool.core.checkpoint import check_output
 from llmtool.core.console import OPTIONS, UsageError, emit, info
 from llmtool.core.options import ModelArg, Overwrite
+from llmtool.core.registry import MethodConfig, method_options
+from llmtool.evade.attack_methods import ATTACK_METHODS
+
+
+def check_output(*args, **kwargs):
+    """core.checkpoint's output check, imported when a command runs (it loads torch)."""
+    from llmtool.core.checkpoint import check_output as check
+
+    return check(*args, **kwargs)
 
 app = typer.Typer(no_args_is_help=True)
 
-Scheme = Annotated[str, typer.Option("--scheme", help="Watermark scheme: kgw, unigram, exp, dip.")]
+def _scheme_help() -> str:
+    from llmtool.evade.watermarks import SCHEMES
+
+    return "Watermark scheme: " + ", ".join(SCHEMES.names()) + " (options via --config)."
+
+
+Scheme = Annotated[str, typer.Option("--scheme", help=_scheme_help())]
 ConfigFile = Annotated[Optional[Path], typer.Option("--config", help="JSON object overriding scheme config fields.")]
-OutFile = Annotated[Path, typer.Option("--output", "-o", help="Output JSONL file.")]
+OutFile = Annotated[Path, typer.Option("-o", "--out", help="Output JSONL file.")]
 Field = Annotated[str, typer.Option("--field", help="JSONL field holding the text.")]
 BatchSize = Annotated[int, typer.Option("--batch-size", min=1, help="Sequences per generate call.")]
 
@@ -68,8 +80,10 @@ def watermark(
     scheme: Scheme = "kgw",
     config: ConfigFile = None,
     max_new_tokens: Annotated[int, typer.Option(min=1, help="New tokens per text.")] = 150,
-    temperature: Annotated[float, typer.Option(min=1e-3, help="Sampling temperature (KGW/Unigram).")] = 0.7,
-    top_p: Annotated[float, typer.Option(min=0.0, max=1.0, help="Nucleus mass (KGW/Unigram).")] = 0.9,
+    temperature: Annotated[Optional[float], typer.Option(min=1e-3, help="Sampling temperature (default 0.7; "
+                                                         "kgw/unigram: exp and dip sample as their config says).")] = None,
+    top_p: Annotated[Optional[float], typer.Option(min=0.0, max=1.0, help="Nucleus mass (default 0.9; "
+                                                   "kgw/unigram).")] = None,
     no_repeat_ngram: Annotated[int, typer.Option(min=0, help="no_repeat_ngram_size (0 = off).")] = 4,
     batch_size: BatchSize = 16,
     unwatermarked: Annotated[bool, typer.Option("--unwatermarked", help="Generate without the watermark "
@@ -87,8 +101,15 @@ def watermark(
     texts = _texts(rows, prompts, "prompt")
     tok, m = load_tokenizer(model), load_model(model)
     set_seed()
-    dec = _decode_config(max_new_tokens, temperature, top_p, no_repeat_ngram, batch_size)
-    if wm.score_kind == "p" or getattr(wm, "owns_sampling", False):
+    own_sampling = wm.score_kind == "p" or getattr(wm, "owns_sampling", False)
+    if own_sampling:
+        given = [f for f, v in (("--temperature", temperature), ("--top-p", top_p)) if v is not None]
+        if given:
+            raise UsageError(f"{', '.join(given)} does not apply to scheme {scheme!r} (it samples as its config "
+                             "says; set its temperature with --config)")
+    dec = _decode_config(max_new_tokens, 0.7 if temperature is None else temperature,
+                         0.9 if top_p is None else top_p, no_repeat_ngram, batch_size)
+    if own_sampling:
         dec.temperature = wm.config.temperature
     pids = [tok(t, add_special_tokens=False)["input_ids"] for t in texts]
     info(f"generating {len(pids)} texts with {'no watermark' if unwatermarked else scheme}")
@@ -100,6 +121,7 @@ def watermark(
                  "n_tokens": len(o)} for i, p, o in zip(_ids(rows), texts, outs)]
     write_jsonl(output, out_rows)
     emit({"output": str(output), "texts": len(out_rows), "scheme": scheme, "watermarked": not unwatermarked,
+          "scheme_config": wm.config_dict(), "config_sha": wm.config_sha(),
           "mean_tokens": sum(len(o) for o in outs) / len(outs)})
 
 
@@ -110,7 +132,7 @@ def detect(
     scheme: Scheme = "kgw",
     config: ConfigFile = None,
     field: Field = "watermarked_text",
-    output: Annotated[Optional[Path], typer.Option("--output", "-o", help="Per-text detections (JSONL).")] = None,
+    output: Annotated[Optional[Path], typer.Option("-o", "--out", help="Per-text detections (JSONL).")] = None,
     overwrite: Overwrite = False,
 ) -> None:
     """Score TEXTS with the scheme's detector (z-score, or p-value for EXP)."""
@@ -141,29 +163,12 @@ def detect(
 
 
 @app.command("attack")
+@method_options(ATTACK_METHODS, default="bira")
 def attack(
     inputs: Annotated[Path, typer.Argument(help="JSONL of watermarked texts.")],
     output: OutFile,
-    method: Annotated[str, typer.Option("--method", help="bira, vanilla (= paraphrase), word-delete, synonym, emoji.")]
-    = "bira",
-    paraphraser: Annotated[str, typer.Option("--paraphraser", help="Rewriter LM (dir or alias).")] = "smollm2-135m",
-    aux_model: Annotated[Optional[str], typer.Option("--aux-model", help="Surprisal LM for the suppression set "
-                                                     "(default: the paraphraser).")] = None,
+    config: MethodConfig,
     field: Field = "watermarked_text",
-    beta0: Annotated[float, typer.Option("--beta0", max=0.0, help="Initial logit bias (<= 0).")] = -4.0,
-    beta_step: Annotated[float, typer.Option("--beta-step", min=0.0, help="Relaxation step eta.")] = 1.0,
-    max_iter: Annotated[int, typer.Option("--max-iter", min=0, help="Attempts (0 = ceil(|beta0|/eta)+1).")] = 0,
-    percentile: Annotated[float, typer.Option("--percentile", min=0.0, max=100.0,
-                                              help="Surprisal percentile q of the suppression set.")] = 0.0,
-    delete_ratio: Annotated[float, typer.Option(min=0.0, max=1.0, help="word-delete: deletion ratio.")] = 0.3,
-    synonym_ratio: Annotated[float, typer.Option(min=0.0, max=1.0, help="synonym: substitution ratio.")] = 0.5,
-    scheme: Annotated[Optional[str], typer.Option("--scheme", help="emoji: the scheme to generate with.")] = None,
-    generator: Annotated[str, typer.Option("--generator", help="emoji: watermarked generator.")] = "smollm2-135m",
-    config: ConfigFile = None,
-    max_new_tokens: Annotated[int, typer.Option(min=1, help="emoji: new tokens per text.")] = 150,
-    temperature: Annotated[float, typer.Option(min=1e-3, help="Sampling temperature.")] = 0.7,
-    top_p: Annotated[float, typer.Option(min=0.0, max=1.0, help="Nucleus mass.")] = 0.9,
-    batch_size: BatchSize = 16,
     overwrite: Overwrite = False,
 ) -> None:
     """Rewrite watermarked texts to evade detection (writes attacked_text and attack fields)."""
@@ -173,35 +178,37 @@ def attack(
     from llmtool.evade.bira import BiraConfig
     from llmtool.evade.paraphrase import PROMPT_VERSION, Paraphraser
 
-    fn = ATTACKS.get(method)
+    method = config.name
+    fn = ATTACKS.get(config.attack)
     check_output(output, overwrite, (inputs,))
-    if method == "bira" and beta_step == 0 and max_iter != 1:
-        raise UsageError("--beta-step 0 never relaxes the bias; give --max-iter 1 or a positive step")
     rows = read_jsonl(inputs)
-    ctx = AttackContext(bira=BiraConfig(beta0, beta_step, max_iter, percentile), delete_ratio=delete_ratio,
-                        synonym_ratio=synonym_ratio, seed=OPTIONS.seed)
+    ctx = AttackContext(seed=OPTIONS.seed)
+    if method == "bira":
+        ctx.bira = BiraConfig(config.beta0, config.beta_step, config.max_iter, config.percentile)
+    ctx.delete_ratio = getattr(config, "delete_ratio", ctx.delete_ratio)
+    ctx.synonym_ratio = getattr(config, "synonym_ratio", ctx.synonym_ratio)
     set_seed()
     if method == "emoji":
-        if scheme is None:
-            raise UsageError("--method emoji regenerates with the watermark: give --scheme")
-        ctx.scheme = _scheme(scheme, generator, config)
+        cfg_file = Path(config.scheme_config) if config.scheme_config else None
+        ctx.scheme = _scheme(config.scheme, config.generator, cfg_file)
         ctx.prompts = _texts(rows, inputs, "prompt")
-        ctx.generator, ctx.generator_tokenizer = load_model(generator), load_tokenizer(generator)
-        ctx.decode = _decode_config(max_new_tokens, temperature, top_p, 0, batch_size)
+        ctx.generator, ctx.generator_tokenizer = load_model(config.generator), load_tokenizer(config.generator)
+        ctx.decode = _decode_config(config.max_new_tokens, config.temperature, config.top_p, 0, config.batch_size)
         texts = ctx.prompts
     else:
         texts = _texts(rows, inputs, field)
-        if method not in ("word-delete",):
-            dec = _decode_config(max_new_tokens, temperature, top_p, 0, batch_size)
-            ctx.paraphraser = Paraphraser(load_model(paraphraser), load_tokenizer(paraphraser), dec)
-            if aux_model and method == "bira":
-                ctx.aux_model, ctx.aux_tokenizer = load_model(aux_model), load_tokenizer(aux_model)
+        if hasattr(config, "paraphraser"):
+            dec = _decode_config(150, getattr(config, "temperature", 0.7), getattr(config, "top_p", 0.9), 0,
+                                 getattr(config, "batch_size", 16))
+            ctx.paraphraser = Paraphraser(load_model(config.paraphraser), load_tokenizer(config.paraphraser), dec)
+            if getattr(config, "aux_model", None):
+                ctx.aux_model, ctx.aux_tokenizer = load_model(config.aux_model), load_tokenizer(config.aux_model)
     info(f"attacking {len(texts)} texts with {method}")
     results = fn(texts, ctx)
     out_rows = [{**row, **res, "attack": method, "prompt_version": PROMPT_VERSION if method in
                  ("bira", "vanilla", "paraphrase") else None} for row, res in zip(rows, results)]
     write_jsonl(output, out_rows)
-    summary = {"output": str(output), "method": method, "texts": len(out_rows)}
+    summary = {"output": str(output), "method": method, "texts": len(out_rows), "config": config.as_dict()}
     if results and "degenerated" in results[0]:
         summary["degenerate_rate"] = sum(r["degenerated"] for r in results) / len(results)
         summary["mean_attempts"] = sum(r["iterations"] for r in results) / len(results)

@@ -1,16 +1,14 @@
 """Batched generation with optional logits processors (watermarks, suppression biases), used for
 the watermarked corpus, the paraphrase attacks and the emoji attack.
 
-Decoding: left-padded batches; sampling (temperature / top-p) unless a scheme fixes the token
-itself (EXP: greedy after its processor) or owns the sampling (DiPmark: temperature 1, no top-p,
-its processor applies its own temperature). Each batch is seeded with ``seed + batch index`` so a
+Decoding is :func:`llmtool.core.lm.generate` (left-padded batches, KV cache): sampling (temperature /
+top-p) unless a scheme fixes the token itself (EXP: greedy after its processor) or owns the sampling
+(DiPmark: temperature 1, no top-p, its processor applies its own temperature). Each batch is seeded with ``seed + batch index`` so a
 run is reproducible and a single item can be regenerated.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
-
-import torch
 
 
 @dataclass
@@ -27,49 +25,38 @@ def generate_ids(model, tokenizer, prompt_ids: list[list[int]], processors: list
                  decode: DecodeConfig | None = None, greedy: bool = False, plain_sampling: bool = False,
                  max_new_tokens: list[int] | None = None, batch_seed: int | None = None,
                  stop_ids: list[int] | None = None) -> list[list[int]]:
-    """Continuation ids (prompt stripped, stopped at EOS, EOS not included) for each prompt.
-    ``processors`` is a list, or a callable ``(start, stop) -> list`` for per-item processors of the
-    batch holding prompts ``start..stop-1``."""
-    from transformers import LogitsProcessorList
+    """Continuation ids (prompt stripped, stopped at EOS or any of ``stop_ids``, stop token not included)
+    for each prompt, decoded by :func:`llmtool.core.lm.generate` one batch at a time (so each batch gets
+    its own seed and processors). ``processors`` is a list, or a callable ``(start, stop) -> list`` for
+    per-item processors of the batch holding prompts ``start..stop-1``; ``no_repeat_ngram_size`` runs
+    before them (as in transformers' own ordering)."""
+    from transformers import NoRepeatNGramLogitsProcessor
+
+    from llmtool.core.lm import generate
 
     decode = decode or DecodeConfig()
-    device = next(model.parameters()).device
-    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
-    eos = list(stop_ids) if stop_ids else [tokenizer.eos_token_id]
+    stops = set(stop_ids) if stop_ids else {tokenizer.eos_token_id}
+    if greedy:
+        sampling = dict(temperature=0.0)
+    elif plain_sampling:
+        sampling = dict(temperature=1.0, top_p=1.0, top_k=0)
+    else:
+        sampling = dict(temperature=decode.temperature, top_p=decode.top_p, top_k=0)
     outputs: list[list[int]] = []
     for start in range(0, len(prompt_ids), decode.batch_size):
         chunk = prompt_ids[start:start + decode.batch_size]
-        width = max(len(p) for p in chunk)
-        ids = torch.full((len(chunk), width), pad, dtype=torch.long)
-        mask = torch.zeros((len(chunk), width), dtype=torch.long)
-        for i, p in enumerate(chunk):
-            ids[i, width - len(p):] = torch.tensor(p, dtype=torch.long)
-            mask[i, width - len(p):] = 1
-        new_tokens = decode.max_new_tokens if max_new_tokens is None else \
-            max(max_new_tokens[start:start + decode.batch_size])
-        torch.manual_seed((decode.seed if batch_seed is None else batch_seed) + start)
-        kwargs = dict(max_new_tokens=new_tokens, pad_token_id=pad, eos_token_id=eos,
-                      no_repeat_ngram_size=decode.no_repeat_ngram_size or None)
-        if greedy:
-            kwargs.update(do_sample=False, temperature=None, top_p=None, top_k=None)
-        elif plain_sampling:
-            kwargs.update(do_sample=True, temperature=1.0, top_p=1.0, top_k=0)
-        else:
-            kwargs.update(do_sample=True, temperature=decode.temperature, top_p=decode.top_p, top_k=0)
+        budgets = [decode.max_new_tokens] * len(chunk) if max_new_tokens is None else \
+            max_new_tokens[start:start + len(chunk)]
         chosen = processors(start, start + len(chunk)) if callable(processors) else processors
-        procs = LogitsProcessorList(chosen or [])
-        with torch.no_grad():
-            out = model.generate(input_ids=ids.to(device), attention_mask=mask.to(device),
-                                 logits_processor=procs, **kwargs)
-        for i in range(len(chunk)):
-            cont = out[i, width:].tolist()
-            limit = new_tokens if max_new_tokens is None else max_new_tokens[start + i]
-            cut = [t for t in cont[:limit]]
-            for j, t in enumerate(cut):
-                if t in eos:
-                    cut = cut[:j]
-                    break
-            outputs.append(cut)
+        procs = ([NoRepeatNGramLogitsProcessor(decode.no_repeat_ngram_size)] if decode.no_repeat_ngram_size else []) \
+            + list(chosen or [])
+        comps = generate(model, tokenizer, chunk, max_new_tokens=max(budgets), batch_size=len(chunk),
+                         logits_processors=procs, seed=(decode.seed if batch_seed is None else batch_seed) + start,
+                         **sampling)
+        for (c,), limit in zip(comps, budgets):
+            cut = c.token_ids[:limit]
+            first = next((j for j, t in enumerate(cut) if t in stops), None)
+            outputs.append(cut if first is None else cut[:first])
     return outputs
 
 

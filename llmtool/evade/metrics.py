@@ -75,18 +75,16 @@ def detection_metrics(pos_scores, neg_scores, pos_flags, score_kind: str, fprs=(
 
 
 def perplexity_of(model, tokenizer, texts: Sequence[str]) -> list[float]:
+    """exp(mean token NLL) of each text's first 1024 tokens (:func:`llmtool.core.lm.token_nll`)."""
     import torch
 
-    device = next(model.parameters()).device
+    from llmtool.core.lm import token_nll
+
     out = []
-    with torch.no_grad():
-        for text in texts:
-            ids = tokenizer(text, add_special_tokens=False)["input_ids"][:1024]
-            if len(ids) < 2:
-                out.append(float("nan"))
-                continue
-            x = torch.tensor([ids], device=device)
-            logp = torch.log_softmax(model(input_ids=x).logits[0, :-1].double(), dim=-1)
-            nll = -logp.gather(-1, x[0, 1:, None]).mean().item()
-            out.append(math.exp(nll))
+    for text in texts:
+        ids = tokenizer(text, add_special_tokens=False)["input_ids"][:1024]
+        if len(ids) < 2:
+            out.append(float("nan"))
+            continue
+        out.append(math.exp(token_nll(model, torch.tensor([ids])).double().mean().item()))
     return out

@@ -31,8 +31,8 @@ class SentenceEmbedder:
         from transformers import AutoModel, AutoTokenizer
 
         path = path or model_dir()
-        self.tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
-        self.model = AutoModel.from_pretrained(path, local_files_only=True).to(device).eval()
+        self.tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True, trust_remote_code=False)
+        self.model = AutoModel.from_pretrained(path, local_files_only=True, trust_remote_code=False).to(device).eval()
         self.device = device
 
     def embed(self, texts: Sequence[str], batch_size: int = 16):

@@ -1,6 +1,8 @@
 """Baselines for best-model identification under a budget, on the same oracle and budget accounting as SySRs.
 
-Methods (``BAI_METHODS`` registry; every one returns a :class:`~llmtool.evaluate.sysr.BaiResult` and never
+Methods (``BAI_METHODS`` registry of functions, and ``BAI_CONFIGS``, one config dataclass per method
+whose options are the function's keyword arguments — the method contract ``bai-sim --methods`` is
+checked against; every one returns a :class:`~llmtool.evaluate.sysr.BaiResult` and never
 spends more than T (model, query) evaluations; queries are drawn without replacement per model):
 
 * ``full``: every model on every query (T is ignored; reference, zero error by definition).
@@ -30,11 +32,13 @@ Random ties in final answers are broken uniformly with the run's generator.
 from __future__ import annotations
 
 import math
-from typing import Callable
+from dataclasses import dataclass
+from typing import Callable, ClassVar, Optional
 
 import numpy as np
 
-from llmtool.core.registry import Registry
+from llmtool.core.console import UsageError
+from llmtool.core.registry import MethodConfig, Registry, option
 from llmtool.evaluate.sysr import BaiResult, Oracle, argmax_random, sr_schedule, sysr
 
 BaiMethod = Callable[..., BaiResult]
@@ -225,3 +229,82 @@ def ucbe_lrf(oracle: Oracle, budget: int, rng: np.random.Generator, eta: float =
         imp = rank1_ensemble(obs, mask, rng, ensemble, dropout, reg, iters, rank)
         filled = np.where(mask, obs, imp.mean(axis=0))
     return BaiResult(argmax_random(filled.mean(axis=1), list(range(k)), rng), oracle.used, bool(mask.all()))
+
+
+# ------------------------------------------------------------------------------------- method contract
+@dataclass
+class BaiConfig(MethodConfig):
+    """A best-model-identification method as a config: its options are the keyword arguments of the
+    function registered under the same name in :data:`BAI_METHODS`. ``primary`` is the option that the
+    ``NAME@VALUE`` form of ``llmtool evaluate bai-sim --methods`` sets."""
+
+    primary: ClassVar[Optional[str]] = None
+
+    def run(self, oracle: Oracle, budget: int, rng: np.random.Generator) -> BaiResult:
+        return BAI_METHODS.get(self.name)(oracle, budget, rng, **{f.name: getattr(self, f.name) for f in self.fields()})
+
+
+BAI_CONFIGS: Registry = Registry("evaluate bai-sim")
+
+
+def _plain(name: str, help_text: str) -> type:
+    """A method without options."""
+    cls = dataclass(type(f"{name.title().replace('-', '')}Config", (BaiConfig,), {"name": name, "help": help_text}))
+    return BAI_CONFIGS.add_config(cls)
+
+
+for _name, _help in (("sysr", "Synthetic Successive Rejects (shared queries)."),
+                     ("full", "Every model on every query (reference)."),
+                     ("uniform", "floor(T/K) independent queries per model."),
+                     ("uniform-shared", "The same floor(T/K) queries for all models."),
+                     ("sr", "Classical Successive Rejects."),
+                     ("sh", "Successive Halving."),
+                     ("sh-shared", "Successive Halving, shared queries per round.")):
+    _plain(_name, _help)
+
+
+@BAI_CONFIGS.config
+@dataclass
+class UCBEConfig(BaiConfig):
+    name: ClassVar[str] = "ucbe"
+    help: ClassVar[str] = "UCB-E, batched."
+    primary: ClassVar[Optional[str]] = "a"
+    a: float = option(1.0, "Exploration constant.", min=0.0)
+    batch_size: int = option(32, "Queries per pick.", min=1)
+
+
+@BAI_CONFIGS.config
+@dataclass
+class UCBELRFConfig(BaiConfig):
+    name: ClassVar[str] = "ucbe-lrf"
+    help: ClassVar[str] = "UCB-E with low-rank factorisation."
+    primary: ClassVar[Optional[str]] = "eta"
+    eta: float = option(5.0, "UCB width in ensemble standard deviations.", min=0.0)
+    batch_size: int = option(32, "Queries per pick.", min=1)
+    warmup: float = option(0.05, "Uniform warm-up share of the entries.", min=0.0, max=1.0)
+    ensemble: int = option(64, "Rank-r factorisations in the ensemble.", min=1)
+    rank: int = option(1, "Factorisation rank.", min=1)
+    reg: float = option(0.1, "Ridge regulariser.", min=0.0)
+    dropout: float = option(0.05, "Share of observed entries each member leaves out.", min=0.0, max=1.0,
+                            exclusive_max=True)
+    iters: int = option(10, "Alternating least-squares sweeps.", min=1)
+
+
+def default_methods() -> list[str]:
+    """Every registered method except the ``full`` reference."""
+    return [n for n in BAI_CONFIGS.names() if n != "full"]
+
+
+def parse_method(spec: str, **params) -> BaiConfig:
+    """``NAME`` or ``NAME@VALUE`` (sets the method's primary option) -> validated config; ``params``
+    are further options. A value for a method without options is refused."""
+    name, _, arg = spec.partition("@")
+    cls = BAI_CONFIGS.get_config(name.strip())
+    if arg:
+        if cls.primary is None:
+            raise UsageError(f"--methods {spec!r}: method {cls.name!r} has no option to set with '@'")
+        try:
+            params[cls.primary] = float(arg)
+        except ValueError:
+            raise UsageError(f"--methods {spec!r}: {arg!r} is not a number") from None
+    return BAI_CONFIGS.build(cls.name, **params)

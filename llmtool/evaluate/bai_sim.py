@@ -21,7 +21,7 @@ from typing import Sequence
 
 import numpy as np
 
-from llmtool.evaluate.bai import BAI_METHODS
+from llmtool.evaluate.bai import parse_method
 from llmtool.evaluate.results_io import ScoreMatrix
 from llmtool.evaluate.sysr import MatrixOracle
 
@@ -99,18 +99,15 @@ def simulate(matrix: ScoreMatrix, methods: Sequence[str], fracs: Sequence[float]
     jobs = [(m, fi, f) for m in methods for fi, f in enumerate(fracs)]
     for m, fi, f in (progress(jobs, "bai-sim") if progress else jobs):
         label = m
-        name, _, arg = m.partition("@")          # "ucbe@0.1" = ucbe with exploration a = 0.1
-        fn = BAI_METHODS.get(name)
-        params = dict((method_params or {}).get(m, {}))
-        if arg:
-            params["a"] = float(arg)
+        cfg = parse_method(m, **dict((method_params or {}).get(m, {})))   # "ucbe@0.1": UCB-E with a = 0.1
+        name = cfg.name
         budget = budget_for(f, k, n)
         r_count = (reps_per_method or {}).get(name, reps)
         errors, regret, max_used = 0, 0.0, 0
         for rep in range(r_count):
             rng = _stream(seed, label, fi, rep)
             oracle = MatrixOracle(matrix.scores, rng, matrix.samples)
-            res = fn(oracle, budget, rng, **params)
+            res = cfg.run(oracle, budget, rng)
             if name != "full" and oracle.used > budget:
                 raise AssertionError(f"{name} used {oracle.used} > budget {budget}")
             max_used = max(max_used, oracle.used)

@@ -12,7 +12,6 @@ from typing import Optional
 
 import typer
 
-from llmtool.core.checkpoint import check_output
 from llmtool.core.console import OPTIONS, UsageError, emit, info, progress
 from llmtool.evaluate.cli import app
 
@@ -42,6 +41,13 @@ def _write_json(path: Path, doc) -> None:
 
 
 # ----------------------------------------------------------------------------------------------- sysr
+
+def check_output(*args, **kwargs):
+    """core.checkpoint's output check, imported when a command runs (it loads torch)."""
+    from llmtool.core.checkpoint import check_output as check
+
+    return check(*args, **kwargs)
+
 
 @app.command("sysr")
 def sysr_cmd(
@@ -140,8 +146,9 @@ def bai_sim_cmd(
     gap: float = typer.Option(0.05, help="Synthetic: top-two accuracy gap."),
     spread: float = typer.Option(3.0, help="Synthetic: sd of item difficulties (similarity)."),
     gen_seed: int = typer.Option(0, help="Synthetic: generator seed."),
-    methods: str = typer.Option("sysr,sr,sh,sh-shared,uniform,uniform-shared,ucbe,ucbe-lrf",
-                                help="Comma list; 'ucbe@0.1' sets UCB-E's exploration constant."),
+    methods: Optional[str] = typer.Option(None, help="Comma list of methods (default: every registered method "
+                                          "but full); NAME@VALUE sets the method's main option, e.g. ucbe@0.1 "
+                                          "(exploration a), ucbe-lrf@3 (eta)."),
     budget_fracs: str = typer.Option("0.01,0.02,0.05,0.1,0.2,0.4", help="Comma list of budget fractions."),
     reps: int = typer.Option(500, min=1, help="Replays per (method, budget)."),
     lrf_reps: int = typer.Option(100, min=1, help="Replays for ucbe-lrf (slow)."),
@@ -154,12 +161,12 @@ def bai_sim_cmd(
     from dataclasses import asdict
 
     from llmtool.evaluate import bai_sim as B
-    from llmtool.evaluate.bai import BAI_METHODS
+    from llmtool.evaluate.bai import default_methods, parse_method
 
     check_output(out, overwrite)
-    method_list = [m.strip() for m in methods.split(",") if m.strip()]
+    method_list = [m.strip() for m in methods.split(",") if m.strip()] if methods else default_methods()
     for m in method_list:
-        BAI_METHODS.get(m.partition("@")[0])
+        parse_method(m)
     try:
         fracs = [float(x) for x in budget_fracs.split(",") if x.strip()]
     except ValueError:
@@ -199,10 +206,11 @@ def bai_sim_cmd(
 def judge_cmd(
     votes: Path = typer.Option(..., "--votes", help="votes.jsonl: id, sample, order, rating (null = parse failure)."),
     human: Optional[Path] = typer.Option(None, "--human", help="human.jsonl: id, rating (several raters allowed)."),
-    calib: Optional[Path] = typer.Option(None, "--calib", help="Calibration labels (human format); default: random "
-                                         "--calib-frac of the --human items."),
-    calib_frac: float = typer.Option(0.2, help="Calibration share of the labelled items when --calib is absent."),
-    method: str = typer.Option("btd,majority,soft-sc,soft-sc-cal,single", help="Comma list of aggregators."),
+    calib: Optional[Path] = typer.Option(None, "--calib-labels", help="Calibration labels (human format); default: "
+                                         "random --calib-frac of the --human items."),
+    calib_frac: float = typer.Option(0.2, help="Calibration share of the labelled items without --calib-labels."),
+    methods: Optional[str] = typer.Option(None, "--methods", help="Comma list of aggregators to compare "
+                                          "(default: all of llmtool.evaluate.judge_btd.METHODS)."),
     nu_mode: str = typer.Option("item", help="BTD tie model: item (per-item nu) or shared."),
     frame: str = typer.Option("canonical", help="canonical (rating > 0 = A better) or presented (mirror BA votes)."),
     load_calib: Optional[Path] = typer.Option(None, "--load-calib", help="Reuse a calib.json instead of fitting."),
@@ -217,7 +225,7 @@ def judge_cmd(
     check_output(out, overwrite)
     if not 0 < calib_frac < 1:
         raise UsageError(f"--calib-frac must be in (0, 1), got {calib_frac}")
-    methods = [m.strip() for m in method.split(",") if m.strip()]
+    methods = [m.strip() for m in methods.split(",") if m.strip()] if methods else list(J.METHODS)
     counts = J.counts_from_votes(read_jsonl(votes), frame, str(votes))
     labels = J.human_consensus(read_jsonl(human), str(human)) if human else None
     calib_ids = None

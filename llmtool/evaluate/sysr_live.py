@@ -62,8 +62,7 @@ def live_scorer(models_yaml: Path, queries: Path, scorer: str) -> tuple[list[str
     loaded: dict[str, tuple] = {}
 
     def score(name: str, j: int) -> float:
-        import torch
-
+        from llmtool.core.lm import chat_prompt, generate
         from llmtool.core.models import load_model, load_tokenizer
 
         entry = by_name[name]
@@ -72,14 +71,10 @@ def live_scorer(models_yaml: Path, queries: Path, scorer: str) -> tuple[list[str
             loaded[name] = (load_model(entry["path"]), load_tokenizer(entry["path"]))
         model, tok = loaded[name]
         prompt = str(items[j]["prompt"])
-        if entry.get("chat") and getattr(tok, "chat_template", None):
-            prompt = tok.apply_chat_template([{"role": "user", "content": prompt}], tokenize=False,
-                                             add_generation_prompt=True)
-        enc = tok(prompt, return_tensors="pt")
-        with torch.no_grad():
-            gen = model.generate(**enc, max_new_tokens=int(entry.get("max_new_tokens", 32)), do_sample=False,
-                                 pad_token_id=tok.pad_token_id)
-        answer = tok.decode(gen[0, enc["input_ids"].shape[1]:], skip_special_tokens=True)
-        return score_answer(answer, str(items[j]["reference"]), scorer)
+        if entry.get("chat"):
+            prompt = chat_prompt(tok, prompt)
+        (answer,), = generate(model, tok, [prompt], max_new_tokens=int(entry.get("max_new_tokens", 32)),
+                              add_special_tokens=True)
+        return score_answer(answer.text, str(items[j]["reference"]), scorer)
 
     return [e["name"] for e in entries], ids, score

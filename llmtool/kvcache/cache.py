@@ -5,11 +5,12 @@
   ``patternkv.py``). Each layer reports the bytes of the tensors it really holds
   (:meth:`held_bytes`), which is what ``memory`` numbers in reports are.
 * :func:`attach` installs, for the duration of a ``with`` block, (1) a forward pre-hook on every
-  attention module that tells the module which cache layer it reads and (2) the attention function
-  ``llmtool_kv`` (registered in transformers' ``AttentionInterface``). That function is plain SDPA,
-  except for layers whose kept entries differ per head (AdaKV budgets): there it adds an additive
-  ``-inf`` bias on the evicted (head, slot) pairs and builds the causal mask from the layer's own
-  physical length, which is exact (spec "masking is the reference").
+  attention module that tells the module which cache layer it reads and (2) the ``kvcache``
+  transform of the shared attention function (:mod:`llmtool.core.attention`), so it composes with
+  other transforms (a quantized checkpoint's KV quantization stays on). The transform leaves
+  attention alone, except for layers that were compacted (eviction): there it builds the mask from
+  the layer's own physical length and adds the ``-inf`` bias on evicted (head, slot) pairs of
+  head-varying budgets (AdaKV), which is exact (spec "masking is the reference").
 
 Positions: after eviction the cache holds fewer entries than tokens seen. ``get_seq_length`` returns
 the number of tokens *seen* (so transformers derives the right RoPE positions for new tokens), while
@@ -22,7 +23,7 @@ from contextlib import contextmanager
 import torch
 from transformers.cache_utils import Cache, DynamicLayer
 
-ATTN_NAME = "llmtool_kv"
+ATTN_NAME = "kvcache"  # the transform's name in core.attention
 
 
 def tensor_bytes(*tensors) -> int:
@@ -105,30 +106,24 @@ def num_layers_of(model) -> int:
 
 
 def attention_modules(model) -> list:
-    """Attention modules (any module with ``layer_idx`` and q/k/v/o projections), in layer order."""
-    found = [m for m in model.modules()
-             if hasattr(m, "layer_idx") and all(hasattr(m, p) for p in ("q_proj", "k_proj", "v_proj", "o_proj"))]
-    if not found:
-        from llmtool.core.console import UsageError
+    """Attention modules of the decoder layers, in layer order (architecture from ``core.arch``)."""
+    from llmtool.core.attention import attention_modules as modules
 
-        raise UsageError(f"unsupported architecture {type(model).__name__}: no attention modules with "
-                         "q_proj/k_proj/v_proj/o_proj found")
-    return sorted(found, key=lambda m: m.layer_idx)
+    return modules(model)
 
 
-def _kv_attention(module, query, key, value, attention_mask, dropout=0.0, scaling=None, **kwargs):
-    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+def kv_mask_transform(module, query, key, value, attention_mask, **kwargs):
+    """The kvcache transform of the shared attention function (``core.attention``).
 
+    Untouched layers keep transformers' mask. A compacted layer's physical length differs from other
+    layers' (and from the tokens seen), so its mask is built here: old entries visible (minus per-head
+    padding), causal among the new ones."""
     cache = getattr(module, "_llmtool_cache", None)
     layer = cache.layers[module.layer_idx] if isinstance(cache, KVCache) else None
     if not isinstance(layer, EvictableLayer) or not layer.compressed:
-        return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout,
-                                      scaling=scaling, **kwargs)
-    # A compacted layer: its physical length differs from other layers' (and from the tokens seen),
-    # so the mask is built here: old entries visible (minus per-head padding), causal among new ones.
+        return query, key, value, attention_mask
     b, hq, q_len, d = query.shape
     h_kv, total = key.shape[1], key.shape[2]
-    groups = hq // h_kv
     past = total - q_len
     mask = torch.zeros(b, h_kv, q_len, total, dtype=torch.float32, device=query.device)
     if layer.bias is not None:
@@ -136,44 +131,28 @@ def _kv_attention(module, query, key, value, attention_mask, dropout=0.0, scalin
     if q_len > 1:
         causal = torch.ones(q_len, q_len, dtype=torch.bool, device=query.device).triu(1)
         mask[..., past:] = mask[..., past:].masked_fill(causal, float("-inf"))
-    mask = mask.repeat_interleave(groups, dim=1).to(query.dtype)
-    out = torch.nn.functional.scaled_dot_product_attention(query, key, value, attn_mask=mask, scale=scaling,
-                                                           enable_gqa=groups > 1)
-    return out.transpose(1, 2).contiguous(), None
-
-
-def _register() -> None:
-    from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
-    from transformers.modeling_utils import AttentionInterface
-
-    AttentionInterface.register(ATTN_NAME, _kv_attention)
-    AttentionMaskInterface.register(ATTN_NAME, sdpa_mask)
-
-
-_register()
+    mask = mask.repeat_interleave(hq // h_kv, dim=1).to(query.dtype)
+    return query, key, value, mask
 
 
 @contextmanager
 def attach(model):
-    """Route ``model``'s attention through ``llmtool_kv`` and let each attention module see its
+    """Add the kvcache transform to the model's attention (``core.attention``, composing with any other
+    transform, e.g. a quantized checkpoint's KV quantization) and let each attention module see its
     cache layer; restores the model on exit."""
+    from llmtool.core.attention import transform
+
     modules = attention_modules(model)
 
     def pre_hook(module, args, kwargs):
         module._llmtool_cache = kwargs.get("cache", kwargs.get("past_key_values"))
 
     handles = [m.register_forward_pre_hook(pre_hook, with_kwargs=True) for m in modules]
-    configs = {id(m.config): m.config for m in modules if hasattr(m, "config")}
-    configs[id(model.config)] = model.config
-    saved = {k: c._attn_implementation for k, c in configs.items()}
-    for c in configs.values():
-        c._attn_implementation = ATTN_NAME
     try:
-        yield model
+        with transform(model, ATTN_NAME, kv_mask_transform, modules, order=10):
+            yield model
     finally:
         for h in handles:
             h.remove()
-        for k, c in configs.items():
-            c._attn_implementation = saved[k]
         for m in modules:
             m.__dict__.pop("_llmtool_cache", None)

@@ -1,7 +1,7 @@
 """`llmtool kvcache generate|evaluate`: generation and long-context evaluation under a compressed KV
-cache (eviction: snapkv, pyramidkv, adakv, streamingllm, each with optional `--critical`;
-quantization: kivi, patternkv). Model weights are never touched."""
-from __future__ import annotations
+cache. ``--method`` and its options come from :data:`llmtool.kvcache.methods.METHODS` (eviction:
+snapkv, pyramidkv, adakv, streamingllm, SnapKV-family ones with optional ``--critical``; quantization:
+kivi, patternkv; ``full`` = uncompressed). Model weights are never touched."""
 
 from pathlib import Path
 from typing import Annotated, Optional
@@ -10,68 +10,52 @@ import typer
 
 from llmtool.core.console import OPTIONS, UsageError, emit, info, progress
 from llmtool.core.options import EvalData, ModelArg
+from llmtool.core.registry import MethodConfig, method_options
+from llmtool.kvcache.methods import METHODS
 
 app = typer.Typer(no_args_is_help=True)
 
-Evict = Annotated[str, typer.Option("--evict", help="Eviction: none, snapkv, pyramidkv, adakv, streamingllm.")]
-Critical = Annotated[bool, typer.Option("--critical", help="CriticalKV two-stage selection on top of --evict.")]
-Budget = Annotated[float, typer.Option("--budget", help="Fraction of the context's KV entries kept, in (0, 1].")]
-Window = Annotated[int, typer.Option("--window-size", help="Observation window (always kept).")]
-Kernel = Annotated[int, typer.Option("--kernel-size", help="SnapKV pooling kernel.")]
-Alpha = Annotated[float, typer.Option("--first-stage-ratio", help="CriticalKV stage-1 share of the budget.")]
-Quant = Annotated[str, typer.Option("--quant", help="KV quantization: none, kivi, patternkv.")]
-Bits = Annotated[int, typer.Option("--bits", help="Quantization bits: 2, 4, 8 or 16 (identity).")]
-Group = Annotated[int, typer.Option("--group-size", help="Quantization group size G (V groups: min(G, head dim)).")]
-Residual = Annotated[int, typer.Option("--residual-length", help="Full-precision window R (multiple of G).")]
-Patterns = Annotated[int, typer.Option("--patterns", help="PatternKV initial K and V patterns per head.")]
-Gate = Annotated[bool, typer.Option("--v-gate/--no-v-gate", help="PatternKV value gate.")]
 CompressQ = Annotated[bool, typer.Option("--compress-question", help="Question-aware protocol (compress "
                                          "context + question); default question-agnostic.")]
 MaxNew = Annotated[int, typer.Option("--max-new-tokens", help="Tokens to generate per prompt.")]
 
 
-def _spec(evict, critical, budget, window_size, kernel_size, first_stage_ratio, quant, bits, group_size,
-          residual_length, patterns, v_gate):
-    from llmtool.kvcache.pipeline import KVSpec, validate
+def _spec(config: MethodConfig):
+    from llmtool.kvcache.methods import to_spec
 
-    for name, value in (("--window-size", window_size), ("--kernel-size", kernel_size), ("--patterns", patterns)):
-        if value < 1:
-            raise UsageError(f"{name} {value}: must be >= 1")
-    return validate(KVSpec(evict=evict, critical=critical, budget=budget, window_size=window_size,
-                           kernel_size=kernel_size, first_stage_ratio=first_stage_ratio, quant=quant, bits=bits,
-                           group_size=group_size, residual_length=residual_length, k_patterns=patterns,
-                           v_patterns=patterns, v_gate=v_gate, seed=OPTIONS.seed))
+    return to_spec(config, seed=OPTIONS.seed)
 
 
 def _load(model):
-    import torch
-
+    from llmtool.core.job import apply_threads
     from llmtool.core.models import load_model, load_tokenizer, set_seed
 
-    if OPTIONS.device == "cpu":
-        torch.set_num_threads(min(torch.get_num_threads(), 2))
+    apply_threads()
     set_seed()
     return load_model(model), load_tokenizer(model)
 
 
 @app.command("generate")
+@method_options(METHODS, default="full")
 def generate_cmd(
     model: ModelArg,
     prompts: Annotated[Path, typer.Option("--prompts", help="JSONL: one object per line with `context` "
                                           "(or `prompt`) and optional `question`.")],
-    out: Annotated[Optional[Path], typer.Option("--out", help="Write results as JSONL here.")] = None,
+    config: MethodConfig,
+    out: Annotated[Optional[Path], typer.Option("-o", "--out", help="Write results as JSONL here.")] = None,
+    overwrite: Annotated[bool, typer.Option("--overwrite", help="Replace --out if it exists.")] = False,
     max_new_tokens: MaxNew = 32,
-    evict: Evict = "none", critical: Critical = False, budget: Budget = 1.0, window_size: Window = 32,
-    kernel_size: Kernel = 5, first_stage_ratio: Alpha = 0.5, quant: Quant = "none", bits: Bits = 2,
-    group_size: Group = 64, residual_length: Residual = 64, patterns: Patterns = 32, v_gate: Gate = True,
     compress_question: CompressQ = False,
 ) -> None:
     """Greedy generation for each prompt with the chosen KV compression; reports KV bytes held and decode tokens/s."""
     from llmtool.core.data import read_jsonl, tokenize, write_jsonl
     from llmtool.kvcache.pipeline import generate
 
-    spec = _spec(evict, critical, budget, window_size, kernel_size, first_stage_ratio, quant, bits, group_size,
-                 residual_length, patterns, v_gate)
+    spec = _spec(config)
+    if out is not None:
+        from llmtool.core.checkpoint import check_output
+
+        check_output(out, overwrite)
     if max_new_tokens < 1:
         raise UsageError(f"--max-new-tokens {max_new_tokens}: must be >= 1")
     rows_in = read_jsonl(prompts)
@@ -92,10 +76,10 @@ def generate_cmd(
         results.append({"method": spec.label(), "completion": tok.decode(ids, skip_special_tokens=True),
                         "new_tokens": len(ids), **stats.as_dict()})
     if out is not None:
-        write_jsonl(out, results)
+        write_jsonl(out, results)  # atomic; --overwrite was checked before any work
         info(f"wrote {out}")
-    emit({"model": str(model), "method": spec.label(), "protocol": "question-aware" if compress_question
-          else "question-agnostic", "results": results},
+    emit({"model": str(model), "method": spec.label(), "config": config.as_dict(),
+          "protocol": "question-aware" if compress_question else "question-agnostic", "results": results},
          rows=[{k: r[k] for k in ("completion", "kv_bytes", "kv_fraction", "decode_tok_s")} for r in results],
          title=f"kvcache generate ({spec.label()})")
 
@@ -144,6 +128,7 @@ def evaluate_spec(m, tok, spec, task: str, length: int, samples: int, seed: int,
 
 
 @app.command("evaluate")
+@method_options(METHODS, default="full")
 def evaluate_cmd(
     model: ModelArg,
     task: Annotated[str, typer.Option("--task", help="niah_single, niah_multikey, variable_tracking, "
@@ -155,16 +140,13 @@ def evaluate_cmd(
                                         "haystack text.")] = "austen-train",
     prefix: Annotated[int, typer.Option("--prefix", help="ppl: prefill tokens (compressed).")] = 512,
     continuation: Annotated[int, typer.Option("--continuation", help="ppl: teacher-forced decode tokens.")] = 256,
-    evict: Evict = "none", critical: Critical = False, budget: Budget = 1.0, window_size: Window = 32,
-    kernel_size: Kernel = 5, first_stage_ratio: Alpha = 0.5, quant: Quant = "none", bits: Bits = 2,
-    group_size: Group = 64, residual_length: Residual = 64, patterns: Patterns = 32, v_gate: Gate = True,
     compress_question: CompressQ = False,
+    config: MethodConfig = None,
 ) -> None:
     """Accuracy on seeded RULER-style tasks, or decode perplexity, under the chosen KV compression."""
     from llmtool.kvcache.tasks import TASKS
 
-    spec = _spec(evict, critical, budget, window_size, kernel_size, first_stage_ratio, quant, bits, group_size,
-                 residual_length, patterns, v_gate)
+    spec = _spec(config)
     if task not in (*TASKS, "ruler", "ppl"):
         raise UsageError(f"unknown --task {task!r}; choose one of: {', '.join(TASKS)}, ruler, ppl")
     if samples < 1:
@@ -177,5 +159,6 @@ def evaluate_cmd(
     result = evaluate_spec(m, tok, spec, task, length, samples, OPTIONS.seed, data, prefix, continuation,
                            compress_question, filler=filler)
     result = {"model": str(model), "task": task, "length": length if task != "ppl" else prefix + continuation,
-              "protocol": "question-aware" if compress_question else "question-agnostic", **result}
+              "protocol": "question-aware" if compress_question else "question-agnostic", **result,
+              "config": config.as_dict()}
     emit(result, title=f"kvcache evaluate {task}")

@@ -96,8 +96,10 @@ class CriticalKVPress(Press):
         return self.base.layer_budgets(module, scores, n)
 
     def select(self, module, scores, keys, values, budgets):
-        num_q_heads = module.config.num_attention_heads
-        norms = projected_value_norms(values, module.o_proj.weight, num_q_heads)
+        from llmtool.core import arch
+        from llmtool.core.attention import projection
+
+        norms = projected_value_norms(values, projection(module, "o").weight, arch.n_heads(module.config))
         return critical_select(scores, norms, budgets, self.first_stage_ratio, self.eps, self.mode)
 
 

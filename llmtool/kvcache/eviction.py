@@ -11,7 +11,7 @@ window is never evicted). ``budget = 1`` is an exact no-op (nothing is touched).
 
 Realising budgets (spec 3.5): uniform per-layer budgets are gathered physically (real memory
 saving); head-varying budgets (AdaKV) are gathered to the longest head of the layer and the
-padding slots masked with ``-inf`` in the ``llmtool_kv`` attention function (exact; the padding is
+padding slots masked with ``-inf`` by the ``kvcache`` attention transform (exact; the padding is
 counted in the memory report).
 """
 from __future__ import annotations
@@ -144,17 +144,17 @@ class Press(abc.ABC):
 
 def window_queries(module, hidden_states, position_embeddings, window: int) -> torch.Tensor:
     """Post-RoPE queries of the last ``window`` positions: ``[B, H_q, w, d]``."""
-    from transformers.models.llama.modeling_llama import rotate_half
+    from llmtool.core.attention import apply_rope, projection
 
     b, t, _ = hidden_states.shape
     d = module.head_dim
     h = hidden_states[:, -window:]
-    q = module.q_proj(h).view(b, h.shape[1], -1, d).transpose(1, 2)
+    q = projection(module, "q")(h).view(b, h.shape[1], -1, d).transpose(1, 2)
     if hasattr(module, "q_norm"):  # Qwen3-style per-head query norm
         q = module.q_norm(q)
     cos, sin = position_embeddings
     cos, sin = cos[:, -window:].unsqueeze(1), sin[:, -window:].unsqueeze(1)
-    return q * cos + rotate_half(q) * sin
+    return apply_rope(q, cos, sin)
 
 
 def window_attention(module, hidden_states, keys, position_embeddings, window: int) -> torch.Tensor:

@@ -109,10 +109,11 @@ def build_cache(model, spec: KVSpec) -> KVCache:
 
 def full_cache_bytes(model, tokens: int, batch: int = 1) -> int:
     """Bytes an uncompressed cache of ``tokens`` tokens takes in the model's dtype."""
+    from llmtool.core import arch
+
     cfg = model.config.get_text_config(decoder=True)
-    d = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
     elem = next(model.parameters()).element_size()
-    return 2 * cfg.num_hidden_layers * batch * cfg.num_key_value_heads * tokens * d * elem
+    return 2 * cfg.num_hidden_layers * batch * arch.n_kv_heads(cfg) * tokens * arch.head_dim(cfg) * elem
 
 
 @dataclass
@@ -141,6 +142,34 @@ def _device(model):
 
 
 @torch.no_grad()
+def greedy_decode(model, cache, last_logits: torch.Tensor, max_new_tokens: int, eos_token_id: int | None = None,
+                  logits_out: list | None = None) -> tuple[list[int], int]:
+    """Greedy decoding through ``cache`` (inside :func:`attach`) from ``last_logits`` ``[1, V]`` (the
+    prompt's last position): at most ``max_new_tokens`` tokens, EOS included when hit. Returns the new
+    token ids and the number of single-token forward passes run; ``logits_out`` collects their logits."""
+    tokens, forwards = [], 0
+    nxt = last_logits.argmax(-1).view(1, 1)
+    while True:
+        tokens.append(int(nxt))
+        if (eos_token_id is not None and tokens[-1] == eos_token_id) or len(tokens) >= max_new_tokens:
+            return tokens, forwards
+        logits = model(input_ids=nxt, cache=cache, use_cache=True).logits[:, -1]
+        forwards += 1
+        if logits_out is not None:
+            logits_out.append(logits.float().cpu())
+        nxt = logits.argmax(-1).view(1, 1)
+
+
+def target_nll(ids: torch.Tensor, logits: torch.Tensor) -> float:
+    """Summed NLL of ``ids[:, 1:]`` given ``logits`` ``[1, len(ids) - 1, V]`` (teacher forcing through a
+    cache, one chunk at a time) via :func:`llmtool.core.lm.token_nll`."""
+    from llmtool.core.lm import token_nll
+
+    padded = torch.cat([logits, logits[:, -1:]], dim=1)   # token_nll drops the last position's logits
+    return token_nll(None, ids, logits=padded).sum().item()
+
+
+@torch.no_grad()
 def generate(model, context_ids: torch.Tensor, question_ids: torch.Tensor | None, spec: KVSpec,
              max_new_tokens: int = 16, eos_token_id: int | None = None, compress_question: bool = False,
              return_logits: bool = False):
@@ -166,22 +195,11 @@ def generate(model, context_ids: torch.Tensor, question_ids: torch.Tensor | None
         if q is not None:
             out = model(input_ids=q, cache=cache, use_cache=True)
         stats.prefill_seconds = time.perf_counter() - t0
-        tokens = []
-        nxt = out.logits[:, -1].argmax(-1, keepdim=True)
         if return_logits:
             logits_out.append(out.logits[:, -1].float().cpu())
         t0 = time.perf_counter()
-        for _ in range(max_new_tokens):
-            tokens.append(int(nxt))
-            if eos_token_id is not None and int(nxt) == eos_token_id:
-                break
-            if len(tokens) == max_new_tokens:
-                break
-            out = model(input_ids=nxt, cache=cache, use_cache=True)
-            if return_logits:
-                logits_out.append(out.logits[:, -1].float().cpu())
-            nxt = out.logits[:, -1].argmax(-1, keepdim=True)
-            stats.decode_tokens += 1
+        tokens, stats.decode_tokens = greedy_decode(model, cache, out.logits[:, -1], max_new_tokens, eos_token_id,
+                                                    logits_out)
         stats.decode_seconds = time.perf_counter() - t0
     stats.kv_bytes = cache.held_bytes()
     stats.full_kv_bytes = full_cache_bytes(model, cache.get_seq_length())
@@ -226,11 +244,10 @@ def decode_nll(model, ids: torch.Tensor, prefix: int, spec: KVSpec, chunk: int |
         logits = out.logits[:, -1:]
         pos = prefix
         while pos < total:
-            targets = ids[:, pos:pos + logits.shape[1]]
-            logp = torch.log_softmax(logits.float(), -1)
-            nll -= logp.gather(-1, targets[..., None]).sum().item()
-            count += targets.shape[-1]
-            pos += targets.shape[-1]
+            n = min(logits.shape[1], total - pos)
+            nll += target_nll(ids[:, pos - 1:pos + n], logits[:, :n])
+            count += n
+            pos += n
             if pos >= total:
                 break
             step = ids[:, pos - 1:min(pos - 1 + chunk, total - 1)]
@@ -313,13 +330,10 @@ def continue_nll(model, cache: KVCache, ids: torch.Tensor, prefix_logits: torch.
     with attach(model):
         for start in range(0, ids.shape[-1] - 1, chunk):
             step = ids[:, start:min(start + chunk, ids.shape[-1] - 1)]
-            logits = model(input_ids=step, cache=cache, use_cache=True).logits[0]
-            targets = ids[0, start + 1:start + 1 + step.shape[-1]]
-            nll -= torch.log_softmax(logits.float(), -1).gather(-1, targets[:, None]).sum().item()
+            logits = model(input_ids=step, cache=cache, use_cache=True).logits
+            nll += target_nll(ids[:, start:start + 1 + step.shape[-1]], logits)
         if speed_steps:
-            nxt = logits[-1:].argmax(-1).view(1, 1)
             t0 = time.perf_counter()
-            for _ in range(speed_steps):
-                nxt = model(input_ids=nxt, cache=cache, use_cache=True).logits[:, -1:].argmax(-1)
-            rate = speed_steps / (time.perf_counter() - t0)
+            _, forwards = greedy_decode(model, cache, logits[:, -1], speed_steps + 1)
+            rate = forwards / (time.perf_counter() - t0)
     return nll, ids.shape[-1], rate

@@ -1,23 +1,20 @@
 """`llmtool quantize`: ReSpinQuant with its baselines (QuaRot, SpinQuant, RTN), packed int storage.
 
-``quantize_(model, config, calib)`` with one config dataclass per method:
+``quantize_(model, config, calib)`` with one config dataclass per method (:mod:`.configs`):
 :class:`RTNConfig`, :class:`QuaRotConfig`, :class:`SpinQuantConfig`, :class:`ReSpinQuantConfig`.
 Names are imported lazily so that mounting the CLI does not import torch.
 """
 _EXPORTS = {
-    "METHODS": "llmtool.quantize.api", "QuantConfig": "llmtool.quantize.api", "quantize_": "llmtool.quantize.api",
-    "QuaRotConfig": "llmtool.quantize.quarot", "RTNConfig": "llmtool.quantize.rtn",
-    "ReSpinQuantConfig": "llmtool.quantize.respinquant", "SpinQuantConfig": "llmtool.quantize.respinquant",
+    "METHODS": "llmtool.quantize.configs", "QuantConfig": "llmtool.quantize.configs",
+    "QuaRotConfig": "llmtool.quantize.configs", "RTNConfig": "llmtool.quantize.configs",
+    "ReSpinQuantConfig": "llmtool.quantize.configs", "SpinQuantConfig": "llmtool.quantize.configs",
+    "quantize_": "llmtool.quantize.api",
 }
 
 
 def register_all():
-    """Import every method module so that METHODS lists them all."""
-    import importlib
-
-    for mod in ("rtn", "quarot", "respinquant"):
-        importlib.import_module(f"llmtool.quantize.{mod}")
-    from llmtool.quantize.api import METHODS
+    """The registry of every method's config (kept for callers of the old name)."""
+    from llmtool.quantize.configs import METHODS
 
     return METHODS
 
@@ -26,6 +23,5 @@ def __getattr__(name):
     if name in _EXPORTS:
         import importlib
 
-        register_all()
         return getattr(importlib.import_module(_EXPORTS[name]), name)
     raise AttributeError(name)

@@ -17,99 +17,36 @@ Shared pipeline for every method (the method only decides the rotations):
 from __future__ import annotations
 
 import time
-from dataclasses import asdict, dataclass, field
-
 import torch
 
+from llmtool.core import arch
+from llmtool.core.calib import InputStatistics, replay_layers
 from llmtool.core.console import UsageError, info, progress
 from llmtool.core.models import decoder_layers
-from llmtool.core.registry import Registry
 from llmtool.quantize import rotations as rot_mod
 from llmtool.quantize.gptq import gptq_weight
-from llmtool.quantize.modules import (BLOCK_LINEARS, LowRankTransition, QuantLinear, enable_kv_quant,
-                                      install_transitions)
+from llmtool.quantize.modules import LowRankTransition, QuantLinear, enable_kv_quant, install_transitions
+from llmtool.quantize.configs import METHODS, QuantConfig  # noqa: F401  (METHODS re-exported)
 from llmtool.quantize.quantizers import rtn_weight
 
-VALID_BITS = (3, 4, 8, 16)
-VALID_KV_BITS = (4, 8, 16)
 
-
-@dataclass
-class QuantConfig:
-    """Quantizer settings shared by every method."""
-    w_bits: int = 4
-    a_bits: int = 4
-    kv_bits: int = 16
-    weight_algorithm: str = "gptq"      # gptq | rtn
-    w_clip: bool = True
-    a_symmetric: bool = False
-    a_clip_ratio: float = 1.0
-    kv_group_size: int = 128
-    gptq_damp: float = 0.01
-    gptq_block_size: int = 128
-    seed: int = 0
-    method: str = field(default="", init=False)
-
-    def validate(self) -> None:
-        for name, val in (("--w-bits", self.w_bits), ("--a-bits", self.a_bits)):
-            if val not in VALID_BITS:
-                raise UsageError(f"{name} {val}: unsupported bit width (choose one of {', '.join(map(str, VALID_BITS))})")
-        if self.kv_bits not in VALID_KV_BITS:
-            raise UsageError(f"--kv-bits {self.kv_bits}: unsupported bit width (choose one of 4, 8, 16)")
-        if self.weight_algorithm not in ("gptq", "rtn"):
-            raise UsageError(f"--weight-algorithm {self.weight_algorithm!r}: choose gptq or rtn")
-        if not 0 < self.a_clip_ratio <= 1:
-            raise UsageError(f"--a-clip-ratio {self.a_clip_ratio}: must be in (0, 1]")
-
-    def as_dict(self) -> dict:
-        return asdict(self)
-
-
-# name -> (config class, rotate(model, config, calib) -> (RotationSet | None, report dict))
-METHODS: Registry = Registry("quantize")
+def block_quant_linears(layer) -> dict[str, QuantLinear]:
+    """role -> block Linear of a decoder layer (QuantLinear once replaced)."""
+    return {r: arch.linear(layer, r) for r in arch.ROLES}
 
 
 def _replace_linears(model, cfg: QuantConfig, rotated: bool) -> None:
     for layer in decoder_layers(model):
-        for name in BLOCK_LINEARS:
-            parent_name, child = name.rsplit(".", 1)
-            parent = layer.get_submodule(parent_name)
-            lin = getattr(parent, child)
+        for role, lin in block_quant_linears(layer).items():
             q = QuantLinear.from_linear(lin, a_symmetric=cfg.a_symmetric, a_clip_ratio=cfg.a_clip_ratio,
-                                        online_hadamard=rotated and child == "down_proj")
-            setattr(parent, child, q)
-
-
-def block_quant_linears(layer) -> dict[str, QuantLinear]:
-    return {n: layer.get_submodule(n) for n in BLOCK_LINEARS}
-
-
-class _Stop(Exception):
-    pass
-
-
-@torch.no_grad()
-def _first_layer_inputs(model, calib: torch.Tensor):
-    layers = decoder_layers(model)
-    got = {}
-
-    def grab(mod, args, kwargs):
-        got["h"] = args[0] if args else kwargs.pop("hidden_states")
-        got["kw"] = {k: v for k, v in kwargs.items() if k != "hidden_states"}
-        raise _Stop
-
-    handle = layers[0].register_forward_pre_hook(grab, with_kwargs=True)
-    try:
-        model(input_ids=calib.to(next(model.parameters()).device), use_cache=False)
-    except _Stop:
-        pass
-    finally:
-        handle.remove()
-    return got["h"], got["kw"]
+                                        online_hadamard=rotated and role == "down")
+            arch.set_linear(layer, role, q)
 
 
 @torch.no_grad()
 def quantize_weights(model, cfg: QuantConfig, calib: torch.Tensor | None) -> None:
+    """RTN, or GPTQ layer by layer: each layer's Hessians ``X^T X`` (float32, of the inputs each QuantLinear
+    sees after its online Hadamard) come from the outputs of the already-quantized previous layers."""
     layers = decoder_layers(model)
     if cfg.w_bits >= 16:
         return
@@ -121,30 +58,18 @@ def quantize_weights(model, cfg: QuantConfig, calib: torch.Tensor | None) -> Non
         return
     if calib is None:
         raise UsageError("GPTQ needs calibration data")
-    h, kw = _first_layer_inputs(model, calib)
-    for layer in progress(layers, "gptq layers"):
-        linears = block_quant_linears(layer)
-        hess = {n: None for n in linears}
-
-        def observer(name):
-            def fn(x):
-                x2 = x.reshape(-1, x.shape[-1]).float()
-                g = x2.T @ x2
-                hess[name] = g if hess[name] is None else hess[name] + g
-            return fn
-
-        for n, q in linears.items():
-            q.observer = observer(n)
-        layer(h, **kw)
+    for step in replay_layers(model, calib, desc="gptq layers"):
+        linears = block_quant_linears(step.layer)
+        hess = InputStatistics(dtype=torch.float32)
+        for role, q in linears.items():
+            q.observer = lambda x, role=role: hess.add(role, x)
+        step.forward()
         for q in linears.values():
             q.observer = None
-        for n, q in linears.items():
-            codes, scale = gptq_weight(q.weight, hess[n].cpu(), cfg.w_bits, cfg.w_clip, cfg.gptq_damp,
+        for role, q in linears.items():
+            codes, scale = gptq_weight(q.weight, hess.gram[role].cpu(), cfg.w_bits, cfg.w_clip, cfg.gptq_damp,
                                        cfg.gptq_block_size)
             q.set_quantized(codes.to(q.weight.device), scale, cfg.w_bits)
-        h = layer(h, **kw)
-        if isinstance(h, tuple):
-            h = h[0]
 
 
 def enable_activation_quant(model, cfg: QuantConfig) -> None:
@@ -181,19 +106,18 @@ def install_low_rank_transitions(model, rot, rank: int) -> dict:
 def round_storage(model, cfg: QuantConfig) -> None:
     if cfg.w_bits >= 16:
         return
-    for w in (model.get_input_embeddings().weight, model.lm_head.weight):
+    for w in (arch.embed(model).weight, arch.lm_head(model).weight):
         w.copy_(w.half().to(w.dtype))
 
 
 def quantize_(model, config: QuantConfig, calib: torch.Tensor | None = None) -> dict:
     """Quantize ``model`` in place with ``config`` (a method's config dataclass); returns a report."""
     config.validate()
-    entry = METHODS.get(config.method)
-    rotate = entry[1]
+    METHODS.get(config.name)
     rot_mod.check_supported(model)
-    report: dict = {"method": config.method}
+    report: dict = {"method": config.name}
     t0 = time.perf_counter()
-    rot, extra = rotate(model, config, calib)
+    rot, extra = config.rotate(model, calib)
     report.update(extra)
     rotated = rot is not None
     if rotated:

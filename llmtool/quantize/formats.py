@@ -49,11 +49,15 @@ def quant_block(cfg, rotated: bool, rank: int | None, model_config) -> dict:
 
 def storage_tensors(model, block: dict) -> dict[str, torch.Tensor]:
     """The tensors written to model.safetensors, in their stored dtypes."""
+    from llmtool.core.arch import arch_of
+
     quantized = block["weights"]["bits"] < 16
+    family = arch_of(model)
+    fp16 = {f"{family.embed}.weight", f"{family.lm_head}.weight"}
     tensors = {}
     for name, t in model.state_dict().items():
         if t.is_floating_point() and not name.endswith("weight_scale"):
-            if quantized and name in ("model.embed_tokens.weight", "lm_head.weight"):
+            if quantized and name in fp16:
                 t = t.half()
             elif "transition" in name:
                 t = t.float()
@@ -61,7 +65,7 @@ def storage_tensors(model, block: dict) -> dict[str, torch.Tensor]:
                 t = t.float()
         tensors[name] = t
     if model.config.tie_word_embeddings:
-        tensors.pop("lm_head.weight", None)
+        tensors.pop(f"{family.lm_head}.weight", None)
     return tensors
 
 
@@ -77,21 +81,19 @@ def save_quantized(model, out_dir: Path, source_dir: Path, block: dict) -> None:
 
 def build_structure(model, block: dict) -> None:
     """Give a freshly built HF model the llmtool_quant modules described by ``block``."""
-    from llmtool.quantize.modules import BLOCK_LINEARS, LowRankTransition, QuantLinear, enable_kv_quant, \
-        install_transitions
+    from llmtool.core import arch
+    from llmtool.quantize.modules import LowRankTransition, QuantLinear, enable_kv_quant, install_transitions
 
     w, a, kv = block["weights"], block["activations"], block["kv_cache"]
     had = block["online_hadamard"]["down_proj_input"]
     trans = block.get("residual_transition")
     hidden = model.config.hidden_size
     for layer in decoder_layers(model):
-        for name in BLOCK_LINEARS:
-            parent_name, child = name.rsplit(".", 1)
-            parent = layer.get_submodule(parent_name)
-            lin = getattr(parent, child)
+        for role in arch.ROLES:
+            lin = arch.linear(layer, role)
             q = QuantLinear(lin.in_features, lin.out_features, w_bits=16, a_bits=a["bits"],
                             a_symmetric=a["symmetric"], a_clip_ratio=a["clip_ratio"],
-                            online_hadamard=had and child == "down_proj", dtype=lin.weight.dtype)
+                            online_hadamard=had and role == "down", dtype=lin.weight.dtype)
             if w["bits"] < 16:
                 del q.weight
                 q.w_bits = w["bits"]
@@ -101,7 +103,7 @@ def build_structure(model, block: dict) -> None:
                                                                dtype=torch.uint8))
                 q.register_buffer("weight_scale", torch.ones(lin.out_features, 1, dtype=torch.float16))
                 q.register_buffer("weight_shape", torch.zeros(2, dtype=torch.int64))
-            setattr(parent, child, q)
+            arch.set_linear(layer, role, q)
         if trans is not None:
             install_transitions(layer, LowRankTransition(hidden, trans["rank"]), LowRankTransition(hidden, trans["rank"]))
     if kv["bits"] < 16:
@@ -112,16 +114,18 @@ def load_checkpoint(path, config: dict, dtype, device):
     """Rebuild a quantized model from an llmtool_quant directory (``llmtool.load`` calls this)."""
     from transformers import AutoConfig, AutoModelForCausalLM
 
+    from llmtool.core.arch import arch_of
+
     block = config[KEY]
     if block.get("format_version") != FORMAT_VERSION:
         raise UsageError(f"{path}/config.json: llmtool_quant.format_version {block.get('format_version')!r} "
                          f"is not supported (expected {FORMAT_VERSION})")
-    hf_config = AutoConfig.from_pretrained(path, local_files_only=True)
+    hf_config = AutoConfig.from_pretrained(path, local_files_only=True, trust_remote_code=False)
     model = AutoModelForCausalLM.from_config(hf_config, dtype=torch.float32)
     build_structure(model, block)
     sd = load_state_dict(Path(path))
     missing, unexpected = model.load_state_dict(sd, strict=False)
-    allowed = {"lm_head.weight"} if config.get("tie_word_embeddings") else set()
+    allowed = {f"{arch_of(model).lm_head}.weight"} if config.get("tie_word_embeddings") else set()
     if set(missing) - allowed or unexpected:
         bad = sorted(set(missing) - allowed)[:3] or sorted(unexpected)[:3]
         raise UsageError(f"{path}/model.safetensors: tensors do not match the llmtool_quant layout ({bad})")

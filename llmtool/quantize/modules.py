@@ -10,8 +10,9 @@
 * :func:`install_transitions` swaps a decoder layer's class for a subclass whose forward applies the
   transitions to the residual branches (``h_mid = h T_attn + Attn(norm h)``,
   ``h_out = h_mid T_ffn + FFN(norm h_mid)``), keeping all parameter names.
-* :func:`enable_kv_quant` registers an attention function that applies the online head-dim Hadamard
-  to Q and K after RoPE and fake-quantizes K and V (asymmetric, groups of ≤128 along the head dim).
+* :func:`enable_kv_quant` adds the ``kv-quant`` transform to the shared attention function
+  (:mod:`llmtool.core.attention`): the online head-dim Hadamard on Q and K after RoPE, and K and V
+  fake-quantized (asymmetric, groups of ≤128 along the head dim).
 """
 from __future__ import annotations
 
@@ -24,10 +25,6 @@ from llmtool.kernels.intpack import pack, packed_width, unpack
 from llmtool.kernels.quant import quantize_per_token
 from llmtool.kernels.w4a4_matmul import w4a4_matmul
 from llmtool.quantize.quantizers import dequantize_weight, fake_quant_act, fake_quant_act_ste, weight_zero
-
-BLOCK_LINEARS = ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj",
-                 "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj")
-
 
 class QuantLinear(nn.Module):
     def __init__(self, in_features: int, out_features: int, w_bits: int = 16, a_bits: int = 16,
@@ -146,12 +143,14 @@ class DenseTransition(nn.Module):
 
 
 def _transition_forward(self, hidden_states, **kwargs):
+    from llmtool.core import arch
+
     residual = self.attn_transition(hidden_states)
-    h = self.input_layernorm(hidden_states)
-    h, _ = self.self_attn(hidden_states=h, **kwargs)
+    h = arch.input_norm(self)(hidden_states)
+    h, _ = arch.attention(self)(hidden_states=h, **kwargs)
     hidden_states = residual + h
     residual = self.mlp_transition(hidden_states)
-    h = self.mlp(self.post_attention_layernorm(hidden_states))
+    h = arch.mlp(self)(arch.post_attention_norm(self)(hidden_states))
     return residual + h
 
 
@@ -184,26 +183,36 @@ def _group_fake_quant(x: torch.Tensor, bits: int, group: int) -> torch.Tensor:
     return y.reshape(shape)
 
 
-def _kvquant_attention(module, query, key, value, attention_mask, **kwargs):
-    from transformers.integrations.sdpa_attention import sdpa_attention_forward
-
+def kv_quant_transform(module, query, key, value, attention_mask, **kwargs):
+    """The KV-quantization transform of the shared attention function (``core.attention``): online
+    head-dim Hadamard on Q and K (after RoPE), K and V fake-quantized in groups along the head dim."""
     bits = getattr(module, "kv_bits", 16)
     if bits < 16:
         query = hadamard_transform(query)
         key = _group_fake_quant(hadamard_transform(key), bits, getattr(module, "kv_group_size", 128))
         value = _group_fake_quant(value, bits, getattr(module, "kv_group_size", 128))
-    return sdpa_attention_forward(module, query, key, value, attention_mask, **kwargs)
+    return query, key, value, attention_mask
 
 
-KV_ATTENTION = "llmtool_kvquant"
+KV_ATTENTION = "kv-quant"  # the transform's name in core.attention
 
 
 def enable_kv_quant(model: nn.Module, layers, bits: int, group_size: int = 128) -> None:
-    """Quantize K (after RoPE and the online head-dim Hadamard) and V to ``bits`` bits."""
-    from transformers import AttentionInterface
+    """Quantize K (after RoPE and the online head-dim Hadamard) and V to ``bits`` bits: adds the
+    ``kv-quant`` transform to the attention of ``layers`` (composes with other areas' transforms,
+    e.g. a KV-cache method's eviction masks)."""
+    from llmtool.core import arch
+    from llmtool.core.attention import add_transform
 
-    AttentionInterface.register(KV_ATTENTION, _kvquant_attention)
-    for layer in layers:
-        layer.self_attn.kv_bits = bits
-        layer.self_attn.kv_group_size = group_size
-    model.config._attn_implementation = KV_ATTENTION
+    modules = [arch.attention(layer) for layer in layers]
+    for m in modules:
+        m.kv_bits = bits
+        m.kv_group_size = group_size
+    add_transform(model, KV_ATTENTION, kv_quant_transform, modules, order=0)
+
+
+def disable_kv_quant(model: nn.Module) -> None:
+    """Remove the ``kv-quant`` transform (the model's attention is as before :func:`enable_kv_quant`)."""
+    from llmtool.core.attention import remove_transform
+
+    remove_transform(model, KV_ATTENTION)

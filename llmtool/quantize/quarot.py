@@ -10,34 +10,24 @@ when the KV cache is quantized. No training. GPTQ weights (same quantizer/calibr
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 
+from llmtool.core import arch
 from llmtool.core.models import decoder_layers
 from llmtool.quantize import rotations as R
-from llmtool.quantize.api import METHODS, QuantConfig
 
 
-@dataclass
-class QuaRotConfig(QuantConfig):
-    def __post_init__(self):
-        self.method = "quarot"
-
-
-def rotate(model, config: QuaRotConfig, calib):
-    cfg = model.config
+def rotate(model, config, calib):
+    """Fuse QuaRot's random Hadamards into ``model``; returns ``(RotationSet, {})``."""
     n = len(decoder_layers(model))
+    hd = arch.head_dim(model)
     g = torch.Generator().manual_seed(config.seed)
     R.prepare(model)
     R.fuse_down_hadamard(model)
-    rot = R.RotationSet(n, cfg.hidden_size, R.head_dim(cfg), tied=True, dtype=torch.float64)
+    rot = R.RotationSet(n, arch.hidden_size(model), hd, tied=True, dtype=torch.float64)
     with torch.no_grad():
-        rot.R1[0].copy_(R.random_hadamard(cfg.hidden_size, g))
+        rot.R1[0].copy_(R.random_hadamard(arch.hidden_size(model), g))
         for i in range(n):
-            rot.R3[i].copy_(R.random_hadamard(R.head_dim(cfg), g))
+            rot.R3[i].copy_(R.random_hadamard(hd, g))
     R.fuse(model, rot)
     return rot, {}
-
-
-METHODS.add("quarot", (QuaRotConfig, rotate))

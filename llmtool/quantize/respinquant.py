@@ -31,38 +31,19 @@ from __future__ import annotations
 
 import contextlib
 import math
-from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from llmtool.kernels.hadamard import hadamard_transform
+from llmtool.core import arch
 from llmtool.core.console import info, progress
 from llmtool.core.models import decoder_layers
+from llmtool.kernels.hadamard import hadamard_transform
 from llmtool.quantize import rotations as R
-from llmtool.quantize.api import METHODS, QuantConfig
-from llmtool.quantize.modules import (BLOCK_LINEARS, DenseTransition, enable_kv_quant, install_transitions,
-                                      remove_transitions)
+from llmtool.quantize.configs import QuantConfig, RotationTrainingConfig
+from llmtool.quantize.modules import DenseTransition, disable_kv_quant, enable_kv_quant, install_transitions, remove_transitions
 from llmtool.quantize.quantizers import fake_quant_act_ste, fake_quant_weight_ste
-
-
-@dataclass
-class ReSpinQuantConfig(QuantConfig):
-    rank: int = 32
-    train_steps: int = 16
-    train_batch: int = 1
-    train_seqlen: int = 256
-    lr: float = 1.5
-
-    def __post_init__(self):
-        self.method = "respinquant"
-
-
-@dataclass
-class SpinQuantConfig(ReSpinQuantConfig):
-    def __post_init__(self):
-        self.method = "spinquant"
 
 
 class _TrainLinear(nn.Module):
@@ -88,22 +69,19 @@ def training_view(model, rot: R.RotationSet, cfg: QuantConfig):
     saved, frozen, train_mods = [], [], []
     for layer in layers:
         orig, mods, keep = {}, {}, {}
-        for name in BLOCK_LINEARS:
-            parent_name, child = name.rsplit(".", 1)
-            parent = layer.get_submodule(parent_name)
-            lin = getattr(parent, child)
-            keep[name] = lin
-            orig[name] = lin.weight.detach()
-            mods[name] = _TrainLinear(cfg, online_hadamard=child == "down_proj")
-            setattr(parent, child, mods[name])
+        for role in arch.ROLES:
+            lin = arch.linear(layer, role)
+            keep[role] = lin
+            orig[role] = lin.weight.detach()
+            mods[role] = _TrainLinear(cfg, online_hadamard=role == "down")
+            arch.set_linear(layer, role, mods[role])
         install_transitions(layer, DenseTransition(), DenseTransition())
         saved.append(keep)
         frozen.append(orig)
         train_mods.append(mods)
     n = len(layers)
-    h_emb = model.get_input_embeddings().register_forward_hook(lambda m, i, o: o @ rot.r1(0).to(o.dtype))
-    h_lm = model.lm_head.register_forward_pre_hook(lambda m, a: (a[0] @ rot.r1(n).T.to(a[0].dtype),))
-    kv_attn = getattr(model.config, "_attn_implementation", None)
+    h_emb = arch.embed(model).register_forward_hook(lambda m, i, o: o @ rot.r1(0).to(o.dtype))
+    h_lm = arch.lm_head(model).register_forward_pre_hook(lambda m, a: (a[0] @ rot.r1(n).T.to(a[0].dtype),))
     if cfg.kv_bits < 16:
         enable_kv_quant(model, layers, cfg.kv_bits, cfg.kv_group_size)
 
@@ -121,14 +99,13 @@ def training_view(model, rot: R.RotationSet, cfg: QuantConfig):
         h_lm.remove()
         for layer, keep in zip(layers, saved):
             remove_transitions(layer)
-            for name, lin in keep.items():
-                parent_name, child = name.rsplit(".", 1)
-                setattr(layer.get_submodule(parent_name), child, lin)
-        if cfg.kv_bits < 16 and kv_attn is not None:
-            model.config._attn_implementation = kv_attn
+            for role, lin in keep.items():
+                arch.set_linear(layer, role, lin)
+        if cfg.kv_bits < 16:
+            disable_kv_quant(model)
 
 
-def learn_rotations(model, rot: R.RotationSet, calib: torch.Tensor, cfg: ReSpinQuantConfig) -> list[float]:
+def learn_rotations(model, rot: R.RotationSet, calib: torch.Tensor, cfg: RotationTrainingConfig) -> list[float]:
     """Cayley-SGD the rotations on the fake-quantized CE loss; returns the loss per step."""
     for p in model.parameters():
         p.requires_grad_(False)
@@ -151,14 +128,13 @@ def learn_rotations(model, rot: R.RotationSet, calib: torch.Tensor, cfg: ReSpinQ
     return losses
 
 
-def build_rotations(model, cfg: ReSpinQuantConfig, tied: bool) -> R.RotationSet:
-    c = model.config
+def build_rotations(model, cfg: QuantConfig, tied: bool) -> R.RotationSet:
     g = torch.Generator().manual_seed(cfg.seed)
-    return R.RotationSet.hadamard_init(len(decoder_layers(model)), c.hidden_size, R.head_dim(c), tied=tied,
+    return R.RotationSet.hadamard_init(len(decoder_layers(model)), arch.hidden_size(model), arch.head_dim(model), tied=tied,
                                        generator=g, dtype=torch.float32)
 
 
-def _rotate(model, config: ReSpinQuantConfig, calib, tied: bool):
+def rotate(model, config: RotationTrainingConfig, calib, tied: bool):
     R.prepare(model)
     R.fuse_down_hadamard(model)
     rot = build_rotations(model, config, tied)
@@ -169,15 +145,3 @@ def _rotate(model, config: ReSpinQuantConfig, calib, tied: bool):
         losses = learn_rotations(model, rot, calib, config)
     R.fuse(model, rot)
     return rot, {"train_losses": losses}
-
-
-def rotate(model, config: ReSpinQuantConfig, calib):
-    return _rotate(model, config, calib, tied=False)
-
-
-def rotate_spinquant(model, config: SpinQuantConfig, calib):
-    return _rotate(model, config, calib, tied=True)
-
-
-METHODS.add("respinquant", (ReSpinQuantConfig, rotate))
-METHODS.add("spinquant", (SpinQuantConfig, rotate_spinquant))

@@ -35,25 +35,15 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from llmtool.kernels.hadamard import hadamard_matrix
-from llmtool.core.console import UsageError
+from llmtool.core import arch
+from llmtool.core.arch import head_dim  # noqa: F401  (re-exported: used by the methods and tests)
 from llmtool.core.models import decoder_layers
-
-SUPPORTED_MODEL_TYPES = ("llama", "mistral")
+from llmtool.kernels.hadamard import hadamard_matrix
 
 
 def check_supported(model) -> None:
-    cfg = model.config
-    mt = getattr(cfg, "model_type", "?")
-    if mt not in SUPPORTED_MODEL_TYPES:
-        raise UsageError(f"unsupported architecture {mt!r} for `llmtool quantize` (supported: "
-                         f"{', '.join(SUPPORTED_MODEL_TYPES)}: RMSNorm Llama-style blocks without biases)")
-    if getattr(cfg, "attention_bias", False) or getattr(cfg, "mlp_bias", False):
-        raise UsageError(f"unsupported architecture {mt!r} with biased projections for `llmtool quantize`")
-
-
-def head_dim(cfg) -> int:
-    return getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+    """RMSNorm Llama-style blocks without biases (families of :mod:`llmtool.core.arch`)."""
+    arch.require(model, "llmtool quantize", bias_free=True)
 
 
 def random_orthogonal(n: int, generator=None, dtype=torch.float64) -> torch.Tensor:
@@ -77,23 +67,22 @@ def polar(m: torch.Tensor) -> torch.Tensor:
 def prepare(model) -> None:
     """Untie lm_head, fold RMSNorm gains into the following Linears (in place)."""
     check_supported(model)
-    emb = model.get_input_embeddings()
-    if model.lm_head.weight.data_ptr() == emb.weight.data_ptr():
-        model.lm_head.weight = nn.Parameter(emb.weight.detach().clone())
+    emb, lm_head = arch.embed(model), arch.lm_head(model)
+    if lm_head.weight.data_ptr() == emb.weight.data_ptr():
+        lm_head.weight = nn.Parameter(emb.weight.detach().clone())
     model.config.tie_word_embeddings = False
     if hasattr(model, "_tied_weights_keys"):
         model._tied_weights_keys = None
     for layer in decoder_layers(model):
-        g = layer.input_layernorm.weight
-        for lin in (layer.self_attn.q_proj, layer.self_attn.k_proj, layer.self_attn.v_proj):
-            lin.weight.mul_(g.to(lin.weight.dtype)[None, :])
-        g.fill_(1.0)
-        g = layer.post_attention_layernorm.weight
-        for lin in (layer.mlp.gate_proj, layer.mlp.up_proj):
-            lin.weight.mul_(g.to(lin.weight.dtype)[None, :])
-        g.fill_(1.0)
-    g = model.model.norm.weight
-    model.lm_head.weight.mul_(g.to(model.lm_head.weight.dtype)[None, :])
+        for norm, roles in ((arch.input_norm(layer), ("q", "k", "v")),
+                            (arch.post_attention_norm(layer), ("gate", "up"))):
+            g = norm.weight
+            for role in roles:
+                lin = arch.linear(layer, role)
+                lin.weight.mul_(g.to(lin.weight.dtype)[None, :])
+            g.fill_(1.0)
+    g = arch.final_norm(model).weight
+    lm_head.weight.mul_(g.to(lm_head.weight.dtype)[None, :])
     g.fill_(1.0)
 
 
@@ -101,7 +90,7 @@ def prepare(model) -> None:
 def fuse_down_hadamard(model) -> None:
     """``W_down ← W_down H`` so that an online ``x H`` before down_proj keeps the product unchanged."""
     for layer in decoder_layers(model):
-        w = layer.mlp.down_proj.weight
+        w = arch.linear(layer, "down").weight
         h = hadamard_matrix(w.shape[1], dtype=torch.float64)
         w.copy_((w.double() @ h).to(w.dtype))
 
@@ -155,17 +144,18 @@ def _blockdiag_cols(w: torch.Tensor, r: torch.Tensor, heads: int) -> torch.Tenso
 
 
 def layer_weights(orig: dict[str, torch.Tensor], rot: RotationSet, i: int, cfg) -> dict[str, torch.Tensor]:
-    """Effective (rotated) weights of block i from its frozen prepared weights (differentiable)."""
-    dt = orig["self_attn.q_proj"].dtype
+    """Effective (rotated) weights of block i from its frozen prepared weights, keyed by role
+    (``q k v o gate up down``; differentiable)."""
+    dt = orig["q"].dtype
     r1, r2, r1n, r3 = (rot.r1(i).to(dt), rot.r2(i).to(dt), rot.r1(i + 1).to(dt), rot.r3(i).to(dt))
     out = {
-        "self_attn.q_proj": orig["self_attn.q_proj"] @ r1,
-        "self_attn.k_proj": orig["self_attn.k_proj"] @ r1,
-        "self_attn.v_proj": _blockdiag_rows(orig["self_attn.v_proj"] @ r1, r3, cfg.num_key_value_heads),
-        "self_attn.o_proj": _blockdiag_cols(r2.T @ orig["self_attn.o_proj"], r3, cfg.num_attention_heads),
-        "mlp.gate_proj": orig["mlp.gate_proj"] @ r2,
-        "mlp.up_proj": orig["mlp.up_proj"] @ r2,
-        "mlp.down_proj": r1n.T @ orig["mlp.down_proj"],
+        "q": orig["q"] @ r1,
+        "k": orig["k"] @ r1,
+        "v": _blockdiag_rows(orig["v"] @ r1, r3, arch.n_kv_heads(cfg)),
+        "o": _blockdiag_cols(r2.T @ orig["o"], r3, arch.n_heads(cfg)),
+        "gate": orig["gate"] @ r2,
+        "up": orig["up"] @ r2,
+        "down": r1n.T @ orig["down"],
     }
     return out
 
@@ -203,15 +193,13 @@ def fuse(model, rot: RotationSet) -> None:
     for a, b in zip(rot64.matrices(), rot.matrices()):
         a.data.copy_(b.detach().double())
     for i, layer in enumerate(layers):
-        orig = {n: layer.get_submodule(n).weight.detach().double() for n in
-                ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj",
-                 "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj")}
-        for n, w in layer_weights(orig, rot64, i, cfg).items():
-            p = layer.get_submodule(n).weight
+        orig = {r: arch.linear(layer, r).weight.detach().double() for r in arch.ROLES}
+        for r, w in layer_weights(orig, rot64, i, cfg).items():
+            p = arch.linear(layer, r).weight
             p.copy_(w.to(p.dtype))
-    emb = model.get_input_embeddings().weight
+    emb = arch.embed(model).weight
     emb.copy_((emb.double() @ rot64.r1(0)).to(emb.dtype))
-    lm = model.lm_head.weight
+    lm = arch.lm_head(model).weight
     lm.copy_((lm.double() @ rot64.r1(len(layers))).to(lm.dtype))
 
 

@@ -3,21 +3,4 @@ search) and the same dynamic per-token activation quantizer as the rotating meth
 outlier problem that rotations address."""
 from __future__ import annotations
 
-from dataclasses import dataclass
-
-from llmtool.quantize.api import METHODS, QuantConfig
-
-
-@dataclass
-class RTNConfig(QuantConfig):
-    weight_algorithm: str = "rtn"
-
-    def __post_init__(self):
-        self.method = "rtn"
-
-
-def rotate(model, config: RTNConfig, calib):
-    return None, {}
-
-
-METHODS.add("rtn", (RTNConfig, rotate))
+from llmtool.quantize.configs import RTNConfig  # noqa: F401  (the method is its config: no rotation)

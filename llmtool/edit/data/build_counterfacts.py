@@ -101,12 +101,11 @@ def candidates(seed: int = 0) -> list[dict]:
 
 
 def main() -> None:
-    import torch
-
+    from llmtool.core.job import apply_threads
     from llmtool.core.models import load_model, load_tokenizer
-    from llmtool.edit.evaluate_edits import target_nll
+    from llmtool.edit.metrics import target_nll
 
-    torch.set_num_threads(2)
+    apply_threads()  # the one thread policy: $LLMTOOL_THREADS
     tok, model = load_tokenizer("smollm2-135m"), load_model("smollm2-135m")
     kept = []
     for row in candidates():

@@ -1,0 +1,140 @@
+"""Layer-wise calibration shared by every area: first-layer input capture, layer-by-layer replay,
+and input statistics (Gram ``X^T X``, ``sum |x|``, token counts) of named modules.
+
+* :func:`first_layer_inputs` runs the embedding part of the model on calibration ids, in chunks of
+  ``batch_size`` sequences, and stops at decoder layer 0 (a pre-hook raises), returning each chunk's
+  hidden states and the keyword arguments layer 0 was called with (attention mask, rotary
+  embeddings, cache position, ...). Nothing after layer 0 runs.
+* :func:`replay_layers` then walks the decoder layers one at a time: it yields a :class:`LayerStep`
+  per layer, the caller does what it needs with that layer (collect statistics with hooks, replace
+  or quantize its weights), and the layer's outputs on the stored inputs become the next layer's
+  inputs. Only one layer's activations ``[samples, seqlen, hidden]`` are alive at a time, and a
+  method that changes a layer (GPTQ) feeds the *changed* layer's outputs forward.
+* :class:`InputStatistics` accumulates, per name, ``X^T X`` (float64 by default: LLM activations
+  make the Gram matrix badly conditioned), optionally ``sum_t |x_t|``, and the number of rows
+  ``x_t`` (tokens). :func:`input_statistics` attaches it to named modules with forward hooks; a
+  module that transforms its input internally (e.g. an online Hadamard) calls :meth:`add` itself.
+"""
+from __future__ import annotations
+
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Iterator
+
+import torch
+
+from llmtool.core.console import progress
+from llmtool.core.hooks import forward_hooks, hidden_of
+
+
+class _Caught(Exception):
+    pass
+
+
+@torch.no_grad()
+def first_layer_inputs(model, ids: torch.Tensor, batch_size: int | None = None
+                       ) -> list[tuple[torch.Tensor, dict]]:
+    """``[(hidden [b, T, D], layer-0 kwargs)]`` for ``ids`` [n, T] split into chunks of ``batch_size``
+    (all in one chunk when None)."""
+    from llmtool.core.arch import decoder_layers
+
+    layer0 = decoder_layers(model)[0]
+    caught: list[tuple[torch.Tensor, dict]] = []
+
+    def catch(module, args, kwargs):
+        hidden = args[0] if args else kwargs["hidden_states"]
+        rest = {k: v for k, v in kwargs.items() if k != "hidden_states"}
+        caught.append((hidden.detach(), rest))
+        raise _Caught
+
+    handle = layer0.register_forward_pre_hook(catch, with_kwargs=True)
+    device = next(model.parameters()).device
+    try:
+        for chunk in ids.split(batch_size or max(1, ids.shape[0])):
+            try:
+                model(input_ids=chunk.to(device), use_cache=False)
+            except _Caught:
+                pass
+    finally:
+        handle.remove()
+    return caught
+
+
+@dataclass
+class LayerStep:
+    """One decoder layer during :func:`replay_layers` and the inputs it will be run on."""
+
+    index: int
+    layer: torch.nn.Module
+    inputs: list[tuple[torch.Tensor, dict]]
+    outputs: list[torch.Tensor] | None = None
+
+    @torch.no_grad()
+    def forward(self, keep: bool = False) -> list[torch.Tensor]:
+        """Run the layer on every stored input chunk. ``keep=True`` records the outputs as the next
+        layer's inputs (use it when the layer will not change afterwards: saves a second pass)."""
+        outs = [hidden_of(self.layer(h, **kw)).detach() for h, kw in self.inputs]
+        if keep:
+            self.outputs = outs
+        return outs
+
+
+def replay_layers(model, ids: torch.Tensor, batch_size: int | None = None, desc: str = "calibration (layers)"
+                  ) -> Iterator[LayerStep]:
+    """Yield a :class:`LayerStep` per decoder layer, feeding each layer's outputs (computed after the
+    caller is done with the step, unless the caller kept them) to the next."""
+    from llmtool.core.arch import decoder_layers
+
+    layers = decoder_layers(model)
+    inputs = first_layer_inputs(model, ids, batch_size)
+    for i in progress(range(len(layers)), desc):
+        step = LayerStep(i, layers[i], inputs)
+        yield step
+        outs = step.outputs if step.outputs is not None else step.forward()
+        inputs = [(o, kw) for o, (_, kw) in zip(outs, inputs)]
+
+
+@dataclass
+class InputStatistics:
+    """Per-name ``X^T X`` / ``sum |x|`` / row counts of 2-D-flattened inputs ``x [..., n]``.
+
+    ``device``: where the statistics live (None: the input's device)."""
+
+    gram_on: bool = True
+    abs_on: bool = False
+    dtype: torch.dtype = torch.float64
+    device: torch.device | str | None = None
+    gram: dict[str, torch.Tensor] = field(default_factory=dict)
+    abs_sum: dict[str, torch.Tensor] = field(default_factory=dict)
+    count: dict[str, int] = field(default_factory=dict)
+
+    def add(self, name: str, x: torch.Tensor) -> None:
+        x = x.detach().reshape(-1, x.shape[-1])
+        x = x.to(self.device, self.dtype) if self.device is not None else x.to(self.dtype)
+        if self.gram_on:
+            g = x.T @ x
+            self.gram[name] = self.gram[name] + g if name in self.gram else g
+        if self.abs_on:
+            a = x.abs().sum(0)
+            self.abs_sum[name] = self.abs_sum[name] + a if name in self.abs_sum else a
+        self.count[name] = self.count.get(name, 0) + x.shape[0]
+
+    def hook(self, name: str, module, inputs: tuple, output) -> None:
+        """A :func:`core.hooks.forward_hooks` callback recording the module's first input."""
+        self.add(name, inputs[0])
+
+    def covariance(self, name: str) -> torch.Tensor:
+        """Token-averaged second moment ``X^T X / N``."""
+        return self.gram[name] / max(1, self.count[name])
+
+    def abs_mean(self, name: str) -> torch.Tensor:
+        return self.abs_sum[name] / max(1, self.count[name])
+
+
+@contextmanager
+def input_statistics(model: torch.nn.Module, names: list[str], gram: bool = True, abs_sum: bool = False,
+                     dtype: torch.dtype = torch.float64, device=None) -> Iterator[InputStatistics]:
+    """Accumulate the input statistics of the named modules over the forwards run inside the block."""
+    stats = InputStatistics(gram, abs_sum, dtype, device)
+    with forward_hooks(model, names, stats.hook):
+        yield stats
