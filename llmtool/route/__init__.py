@@ -1,0 +1,1 @@
+"""`llmtool route`: token-level collaboration of domain experts (FusionRoute) and its baselines."""

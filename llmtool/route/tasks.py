@@ -1,0 +1,126 @@
+"""Offline, deterministic domain data and verifiers for FusionRoute experiments.
+
+Domains (each generated from a seed by PyPI ``reasoning-gym``, scored by its ``score_answer``; only a
+score of 1.0 counts as correct):
+
+- ``math``: ``chain_sum`` with 2 terms of 1–2 digits (answer: the integer; extraction: the last integer
+  of the output).
+- ``reverse``: ``spell_backward`` on 3–5 letter words (answer: the reversed word; extraction: the first
+  word of the output, lower-cased, quotes/punctuation stripped).
+- ``gsm``: ``gsm_symbolic`` (100 GSM8K-derived templates), a hard math *transfer* set: report only,
+  never trained on.
+
+Reconstructed choices [R]: every prompt ends with "Answer with the result only." so that a base model
+has a fair chance at the expected format; train and test splits use seeds 500,000 apart (reasoning-gym seeds item i with
+``seed + i``, so nearby seeds would share items), and test items
+whose question also occurs in train are dropped. Row format (JSONL): ``{"id", "domain", "prompt",
+"answer", "response"}`` (``response`` = gold answer, the SFT target).
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from typing import Callable
+
+from llmtool.core.console import UsageError
+
+SUFFIX = "\nAnswer with the result only."
+
+
+def _last_int(text: str) -> str:
+    nums = re.findall(r"-?\d+", text.replace(",", ""))
+    return nums[-1] if nums else ""
+
+
+def _first_word(text: str) -> str:
+    m = re.search(r"[A-Za-z]+", text)
+    return m.group(0).lower() if m else ""
+
+
+@dataclass(frozen=True)
+class Domain:
+    name: str
+    generator: str
+    config: dict = field(default_factory=dict)
+    extract: Callable[[str], str] = _last_int
+    trainable: bool = True
+
+
+DOMAINS: dict[str, Domain] = {
+    "math": Domain("math", "chain_sum", {"min_terms": 2, "max_terms": 2, "min_digits": 1, "max_digits": 2}),
+    "reverse": Domain("reverse", "spell_backward", {"min_word_len": 3, "max_word_len": 5}, _first_word),
+    "gsm": Domain("gsm", "gsm_symbolic", {}, _last_int, trainable=False),
+}
+
+
+def domain(name: str) -> Domain:
+    if name not in DOMAINS:
+        raise UsageError(f"unknown domain {name!r}; choose from {', '.join(DOMAINS)}")
+    return DOMAINS[name]
+
+
+def _dataset(d: Domain, size: int, seed: int):
+    try:
+        import reasoning_gym
+    except ImportError:
+        raise UsageError("the route task data needs the `reasoning-gym` package (pip install reasoning-gym)") from None
+    return reasoning_gym.create_dataset(d.generator, size=size, seed=seed, **d.config)
+
+
+def make_split(name: str, size: int, seed: int, split: str, exclude: set[str] = frozenset()) -> list[dict]:
+    """``size`` rows of domain ``name`` (questions in ``exclude`` skipped; oversampled to fill)."""
+    d = domain(name)
+    rows, seen = [], set(exclude)
+    ds = _dataset(d, max(4 * size, 16), seed)
+    for i in range(len(ds)):
+        item = ds[i]
+        q = item["question"] + SUFFIX
+        if q in seen:
+            continue
+        seen.add(q)
+        ans = str(item["answer"])
+        rows.append({"id": f"{name}-{split}-{len(rows)}", "domain": name, "prompt": q,
+                     "answer": ans, "response": ans})
+        if len(rows) == size:
+            break
+    return rows
+
+
+def score(row: dict, output: str) -> float:
+    """1.0 when the extracted answer of ``output`` is correct for ``row`` (reasoning-gym verifier)."""
+    d = domain(row["domain"])
+    got = d.extract(output)
+    if not got:
+        return 0.0
+    ds = _verifier(d.name)
+    entry = {"answer": str(row["answer"]), "metadata": row.get("metadata", {})}
+    try:
+        return float(ds.score_answer(got, entry))
+    except Exception:  # a verifier that cannot parse an answer scores it wrong
+        return 0.0
+
+
+_VERIFIERS: dict = {}
+
+
+def _verifier(name: str):
+    if name not in _VERIFIERS:
+        _VERIFIERS[name] = _dataset(domain(name), 1, 0)
+    return _VERIFIERS[name]
+
+
+def correct(row: dict, output: str) -> bool:
+    return score(row, output) >= 1.0
+
+
+def wilson(k: int, n: int, z: float = 1.96) -> tuple[float, float]:
+    """Wilson 95 % interval for a binomial proportion (0..1)."""
+    if n == 0:
+        return (0.0, 1.0)
+    import math
+
+    p = k / n
+    den = 1 + z * z / n
+    centre = (p + z * z / (2 * n)) / den
+    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / den
+    return (max(0.0, centre - half), min(1.0, centre + half))
