@@ -1,0 +1,317 @@
+"""Benchmarks for `llmtool train grpo` (issue 15): clipping bias, spurious rewards, SetPO diversity, cost.
+
+    .venv/bin/python benchmarks/train_grpo.py --parts bandit                      # exact, ~2-5 min
+    .venv/bin/python benchmarks/train_grpo.py --parts spurious,diversity,cost \\
+        --steps 30 --seeds 3 --group-size 8 --prompts 8 --max-new-tokens 48      # full CPU protocol (hours)
+
+Writes benchmarks/results/train_grpo.json and .md (and train_grpo_bandit.png). Each part is
+independent; results of parts not run are kept from the previous JSON.
+
+- bandit: the spec's 10-armed bandit over ``--bandit-seeds`` seeds; gates on means (clip ≥ 0.74,
+  ratio-no-clip ≤ 0.55, clip − ratio ≥ 0.2, on-policy in [0.55, 0.72]); the official −π·Â loss as well.
+- spurious: SmolLM2-135M on generated arithmetic, same prompts/steps/seeds for ground-truth, random,
+  format, incorrect, random + ratio-no-clip, random + −π·Â, random on-policy; test greedy pass@1
+  before/after with Wilson intervals and the marker frequency per step.
+- diversity: GRPO vs SetPO (λ = ``--div-coef``) on the sum-two task: pass@k (k = 1..16, n = 16),
+  distinct correct answers per prompt; base model first.
+- cost: rollout tokens/s, optimizer steps/s, generation share of step time, SetPO overhead.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+RESULTS = ROOT / "benchmarks" / "results"
+
+
+def mean_ci(xs, z=1.96):
+    import numpy as np
+
+    x = np.asarray(xs, dtype=float)
+    m = float(x.mean())
+    h = float(z * x.std(ddof=1) / math.sqrt(len(x))) if len(x) > 1 else float("nan")
+    return m, m - h, m + h
+
+
+def wilson(k, n, z=1.96):
+    if n == 0:
+        return float("nan"), float("nan")
+    p = k / n
+    d = 1 + z * z / n
+    c = (p + z * z / (2 * n)) / d
+    h = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / d
+    return c - h, c + h
+
+
+# ------------------------------------------------------------------------------------ bandit
+def run_bandit(seeds: int) -> dict:
+    from llmtool.train.grpo import toy_bandit
+
+    arms = {"clip": ("clip", 8), "ratio-no-clip": ("ratio", 8), "on-policy": ("clip", 1), "pi-no-ratio": ("pi", 8)}
+    out = {}
+    curves = {}
+    for name, (lt, mb) in arms.items():
+        t = time.time()
+        r = toy_bandit(lt, seeds=seeds, mini_batches=mb)
+        m, lo, hi = mean_ci(r["prior"])
+        e, _, _ = mean_ci(r["entropy"])
+        import numpy as np
+
+        out[name] = {"mean_prior": m, "ci95": [lo, hi], "median_prior": float(np.median(r["prior"])),
+                     "mean_entropy": e, "seconds": time.time() - t, "start_prior": r["start_prior"]}
+        curves[name] = r["prior"]
+    c, n, o = out["clip"]["mean_prior"], out["ratio-no-clip"]["mean_prior"], out["on-policy"]["mean_prior"]
+    out["gates"] = {"clip>=0.74": c >= 0.74, "ratio<=0.55": n <= 0.55, "diff>=0.2": c - n >= 0.2,
+                    "on-policy in [0.55,0.72]": 0.55 <= o <= 0.72}
+    out["seeds"] = seeds
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+
+        fig, ax = plt.subplots(figsize=(6, 3.5))
+        ax.boxplot([curves[k] for k in arms], labels=list(arms))
+        ax.axhline(out["clip"]["start_prior"], ls="--", c="gray", label="start")
+        ax.set_ylabel("final p(prior arm)")
+        ax.set_title(f"GRPO clipping bias, random rewards ({seeds} seeds)")
+        ax.legend()
+        fig.tight_layout()
+        fig.savefig(RESULTS / "train_grpo_bandit.png", dpi=110)
+    except Exception as e:  # plotting is optional
+        out["plot_error"] = str(e)
+    return out
+
+
+# ------------------------------------------------------------------------------------ real-model runs
+def _train_once(base_state, model, tok, rows, reward, seed, a, *, loss="clip", mini_batch=None, shaper=None):
+    import torch
+
+    from llmtool.train.diversity import GRPOShaper
+    from llmtool.train.grpo import GRPOSettings, GRPOTrainerLoop
+    from llmtool.train.rewards import make_reward_fn, parse_reward
+
+    model.load_state_dict(base_state)
+    torch.manual_seed(seed)
+    n_roll = a.prompts * a.group_size
+    s = GRPOSettings(steps=a.steps, group_size=a.group_size, prompts_per_rollout=a.prompts,
+                     mini_batch=mini_batch or max(1, n_roll // a.updates), micro_batch=a.micro_batch, lr=a.lr,
+                     loss_type=loss, max_new_tokens=a.max_new_tokens, gen_batch_size=a.gen_batch, seed=seed,
+                     marker=a.marker)
+    cfg = parse_reward(reward)
+    loop = GRPOTrainerLoop(model, tok, cfg.prepare_rows([dict(r) for r in rows]), s, make_reward_fn(cfg, seed),
+                           shaper=shaper or GRPOShaper())
+    t = time.time()
+    hist = loop.train(progress_desc=None)
+    return loop.acc.unwrap_model(loop.model), hist, time.time() - t
+
+
+def _greedy_eval(model, tok, rows, a):
+    from llmtool.core.lm import chat_prompt, generate
+    from llmtool.train import rl_data
+
+    prompts = [chat_prompt(tok, x["prompt"]) for x in rows]
+    outs = generate(model, tok, prompts, max_new_tokens=a.max_new_tokens, temperature=0.0, batch_size=a.gen_batch)
+    texts = [o[0].text for o in outs]
+    ok = [rl_data.is_correct(x, t) for x, t in zip(rows, texts)]
+    mk = sum(a.marker.lower() in t.lower() for t in texts)
+    return {"correct": sum(ok), "n": len(ok), "pass@1": sum(ok) / len(ok), "marker_freq": mk / len(texts)}
+
+
+def run_spurious(a) -> dict:
+    import torch
+
+    from llmtool.core.models import load_model, load_tokenizer
+    from llmtool.train import rl_data
+
+    torch.set_num_threads(a.threads)
+    tok = load_tokenizer(a.model)
+    model = load_model(a.model)
+    base = {k: v.clone() for k, v in model.state_dict().items()}
+    train = rl_data.make_arith(a.train_rows, seed=100, hard_frac=a.hard_frac)
+    test = rl_data.make_arith(a.test_rows, seed=200, hard_frac=a.hard_frac)
+    before = _greedy_eval(model, tok, test, a)
+    arms = {"ground-truth": ("ground-truth", "clip", None), "random": ("random:0.5", "clip", None),
+            "format": ("format", "clip", None), "incorrect": ("incorrect", "clip", None),
+            "random+ratio-no-clip": ("random:0.5", "ratio", None), "random+pi-no-ratio": ("random:0.5", "pi", None),
+            "random+on-policy": ("random:0.5", "clip", a.prompts * a.group_size)}
+    wanted = [x for x in a.arms.split(",") if x] if a.arms else list(arms)
+    res = {"base": before, "arms": {}, "settings": vars(a).copy()}
+    for name in wanted:
+        reward, loss, mb = arms[name]
+        per_seed = []
+        for seed in range(a.seeds):
+            m, hist, secs = _train_once(base, model, tok, train, reward, seed, a, loss=loss, mini_batch=mb)
+            ev = _greedy_eval(m, tok, test, a)
+            firsts = [h for h in hist if h.get("update_in_phase") == 0]
+            per_seed.append({"seed": seed, "eval": ev, "seconds": secs,
+                             "marker_curve": [h.get("marker_freq") for h in firsts],
+                             "reward_curve": [h["reward_mean"] for h in firsts],
+                             "clip_frac": sum(h["clip_frac"] for h in hist) / len(hist)})
+            print(f"[spurious] {name} seed {seed}: pass@1 {ev['pass@1']:.3f} marker {ev['marker_freq']:.2f} "
+                  f"({secs:.0f} s)", flush=True)
+        k = sum(p["eval"]["correct"] for p in per_seed)
+        n = sum(p["eval"]["n"] for p in per_seed)
+        res["arms"][name] = {"per_seed": per_seed, "pass@1": k / n, "wilson95": wilson(k, n),
+                             "delta_vs_base": k / n - before["pass@1"]}
+    model.load_state_dict(base)
+    return res
+
+
+def run_diversity(a) -> dict:
+    import torch
+
+    from llmtool.core.models import load_model, load_tokenizer
+    from llmtool.train import passk, rl_data
+    from llmtool.train.diversity import GRPOShaper, SetPOShaper
+
+    torch.set_num_threads(a.threads)
+    tok = load_tokenizer(a.model)
+    model = load_model(a.model)
+    base = {k: v.clone() for k, v in model.state_dict().items()}
+    train = rl_data.make_sum_two(a.train_rows, seed=300)
+    test = rl_data.make_sum_two(a.test_rows, seed=400)
+    ks = tuple(k for k in (1, 2, 4, 8, 16) if k <= a.n_eval)
+
+    def ev(m):
+        return passk.evaluate(m, tok, test, n=a.n_eval, ks=ks, max_new_tokens=a.max_new_tokens,
+                              batch_size=a.gen_batch, seed=1234, greedy=False)["summary"]
+
+    res = {"base": ev(model), "arms": {}}
+    for name, shaper in (("grpo", GRPOShaper()), ("setpo", SetPOShaper(div_coef=a.div_coef))):
+        per = []
+        for seed in range(a.seeds):
+            m, hist, secs = _train_once(base, model, tok, train, "ground-truth", seed, a, shaper=shaper)
+            per.append({"seed": seed, **ev(m), "seconds": secs})
+            print(f"[diversity] {name} seed {seed}: {per[-1]}", flush=True)
+        res["arms"][name] = {"per_seed": per, **{k: sum(p[k] for p in per) / len(per)
+                                                 for k in per[0] if k not in ("seed",)}}
+    model.load_state_dict(base)
+    return res
+
+
+def run_cost(a) -> dict:
+    import torch
+
+    from llmtool.core.models import load_model, load_tokenizer
+    from llmtool.train import rl_data
+    from llmtool.train.diversity import GRPOShaper, SetPOShaper
+
+    torch.set_num_threads(a.threads)
+    tok = load_tokenizer(a.model)
+    model = load_model(a.model)
+    base = {k: v.clone() for k, v in model.state_dict().items()}
+    rows = rl_data.make_arith(64, seed=500)
+    out = {}
+    b = argparse.Namespace(**{**vars(a), "steps": 1})
+    for name, sh in (("grpo", GRPOShaper()), ("setpo-tfidf", SetPOShaper(div_coef=0.1, div_scope="all")),
+                     ("setpo-policy-hidden", SetPOShaper(div_coef=0.1, div_scope="all", div_embed="policy-hidden"))):
+        _, hist, secs = _train_once(base, model, tok, rows, "random:0.5", 0, b, shaper=sh)
+        h0 = hist[0]
+        steps = len(hist)
+        out[name] = {"phase_seconds": h0["phase_seconds"], "gen_seconds": h0["gen_seconds"],
+                     "shape_seconds": h0["shape_seconds"], "train_seconds": h0["train_seconds_phase"],
+                     "rollout_tokens_per_s": h0["rollout_tokens"] / max(h0["gen_seconds"], 1e-9),
+                     "optimizer_steps_per_s": steps / max(h0["train_seconds_phase"], 1e-9),
+                     "generation_share": h0["gen_seconds"] / h0["phase_seconds"]}
+    g = out["grpo"]["phase_seconds"]
+    for k in out:
+        out[k]["overhead_vs_grpo"] = out[k]["shape_seconds"] / g
+    model.load_state_dict(base)
+    return out
+
+
+# ------------------------------------------------------------------------------------ report
+def markdown(res: dict) -> str:
+    from llmtool.core.console import markdown_table
+
+    lines = ["# train grpo benchmarks", ""]
+    if "bandit" in res:
+        b = res["bandit"]
+        rows = [{"arm": k, "mean p(prior)": round(v["mean_prior"], 3),
+                 "95% CI": f"[{v['ci95'][0]:.3f}, {v['ci95'][1]:.3f}]", "median": round(v["median_prior"], 3),
+                 "mean entropy": round(v["mean_entropy"], 3)} for k, v in b.items() if isinstance(v, dict) and "mean_prior" in v]
+        lines += [f"## Clipping bias, toy bandit ({b['seeds']} seeds, start p = {b['clip']['start_prior']:.3f})", "",
+                  markdown_table(rows), "", "Gates: " + ", ".join(f"{k}: {'met' if v else 'NOT met'}"
+                                                                for k, v in b["gates"].items()), ""]
+    if "spurious" in res:
+        s = res["spurious"]
+        rows = [{"arm": "base", "pass@1": round(s["base"]["pass@1"], 3), "95% CI": "",
+                 "Δ vs base": "", "marker (greedy)": round(s["base"]["marker_freq"], 2)}]
+        for k, v in s["arms"].items():
+            mk = sum(p["eval"]["marker_freq"] for p in v["per_seed"]) / len(v["per_seed"])
+            rows.append({"arm": k, "pass@1": round(v["pass@1"], 3),
+                         "95% CI": f"[{v['wilson95'][0]:.3f}, {v['wilson95'][1]:.3f}]",
+                         "Δ vs base": round(v["delta_vs_base"], 3), "marker (greedy)": round(mk, 2)})
+        st = s["settings"]
+        lines += [f"## Spurious rewards, SmolLM2-135M, arithmetic ({st['seeds']} seeds, {st['steps']} phases, "
+                  f"G = {st['group_size']}, {st['prompts']} prompts/phase)", "", markdown_table(rows), ""]
+    if "diversity" in res:
+        d = res["diversity"]
+        keys = [k for k in d["base"] if k.startswith("pass@")] + ["distinct_correct", "answer_entropy"]
+        rows = [{"arm": "base", **{k: round(d["base"][k], 3) for k in keys}}]
+        rows += [{"arm": n, **{k: round(v[k], 3) for k in keys}} for n, v in d["arms"].items()]
+        lines += ["## Diversity: GRPO vs SetPO (sum-two task)", "", markdown_table(rows), ""]
+    if "cost" in res:
+        rows = [{"arm": k, **{kk: round(vv, 3) for kk, vv in v.items()}} for k, v in res["cost"].items()]
+        lines += ["## Cost (one phase, this shared CPU)", "", markdown_table(rows), ""]
+    return "\n".join(lines)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--parts", default="bandit", help="comma list of bandit,spurious,diversity,cost")
+    p.add_argument("--bandit-seeds", type=int, default=200)
+    p.add_argument("--model", default="smollm2-135m")
+    p.add_argument("--seeds", type=int, default=3)
+    p.add_argument("--steps", type=int, default=30)
+    p.add_argument("--group-size", type=int, default=8)
+    p.add_argument("--prompts", type=int, default=8)
+    p.add_argument("--updates", type=int, default=2, help="optimizer steps per phase")
+    p.add_argument("--micro-batch", type=int, default=16)
+    p.add_argument("--lr", type=float, default=2e-6)
+    p.add_argument("--max-new-tokens", type=int, default=48)
+    p.add_argument("--gen-batch", type=int, default=64)
+    p.add_argument("--train-rows", type=int, default=256)
+    p.add_argument("--test-rows", type=int, default=100)
+    p.add_argument("--hard-frac", type=float, default=0.4)
+    p.add_argument("--n-eval", type=int, default=16)
+    p.add_argument("--div-coef", type=float, default=0.1)
+    p.add_argument("--marker", default="=")
+    p.add_argument("--arms", default="", help="spurious arms to run (default all)")
+    p.add_argument("--threads", type=int, default=2)
+    a = p.parse_args()
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    path = RESULTS / "train_grpo.json"
+    res = json.loads(path.read_text()) if path.exists() else {}
+    parts = [x.strip() for x in a.parts.split(",") if x.strip()]
+    for part in parts:
+        t = time.time()
+        if part == "bandit":
+            res["bandit"] = run_bandit(a.bandit_seeds)
+        elif part == "spurious":
+            res["spurious"] = run_spurious(a)
+        elif part == "diversity":
+            res["diversity"] = run_diversity(a)
+        elif part == "cost":
+            res["cost"] = run_cost(a)
+        else:
+            raise SystemExit(f"unknown part {part!r}")
+        res.setdefault("commands", {})[part] = " ".join(sys.argv)
+        res.setdefault("seconds", {})[part] = time.time() - t
+        path.write_text(json.dumps(res, indent=2, default=str))
+        (RESULTS / "train_grpo.md").write_text(markdown(res))
+    print(markdown(res))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,361 @@
+"""GRPO / spurious rewards / SetPO: unit tests of the mechanisms and the CLI on a tiny random Llama."""
+from __future__ import annotations
+
+import itertools
+import json
+import math
+import random
+
+import pytest
+import torch
+
+from conftest import run_cli
+
+from llmtool.train import diversity, passk, rl_data
+from llmtool.train.grpo import (GRPOSettings, GRPOTrainerLoop, group_advantages, token_surrogate, toy_bandit,
+                                updates_per_phase)
+from llmtool.train.rewards import REWARDS, make_reward_fn, majority_labels, marker_rate, parse_reward
+
+
+# ------------------------------------------------------------------------------------ advantages / loss
+def test_constant_groups_give_exact_zero_and_normalised_groups():
+    r = torch.tensor([0.3] * 5 + [1.0, 0.0, 1.0, 1.0, 0.0] + [0.1 + 0.2] * 5)
+    a = group_advantages(r, 5).view(3, 5)
+    assert torch.equal(a[0], torch.zeros(5)) and torch.equal(a[2], torch.zeros(5))
+    assert not torch.isnan(a).any()
+    assert abs(a[1].sum().item()) < 1e-6 and abs(a[1].std().item() - 1) < 1e-6
+
+
+def test_on_policy_clip_equals_unclipped_gradient():
+    torch.manual_seed(0)
+    logits = torch.randn(6, 9, 11, requires_grad=True)
+    tok = torch.randint(0, 11, (6, 9))
+    adv = torch.randn(6)
+    grads = []
+    for lt in ("clip", "ratio"):
+        logp = torch.log_softmax(logits, -1).gather(-1, tok[..., None]).squeeze(-1)
+        obj, st = token_surrogate(logp, logp.detach(), adv, lt)
+        g, = torch.autograd.grad(obj.mean(), logits)
+        grads.append(g)
+        assert st["clip_low"].sum() == 0 and st["clip_high"].sum() == 0
+    assert torch.allclose(grads[0], grads[1], atol=1e-7)
+
+
+@pytest.mark.parametrize("adv,old_shift,zero", [(1.0, -0.5, True), (1.0, 0.0, False), (-1.0, 0.5, True),
+                                                  (-1.0, 0.0, False), (1.0, 0.5, False), (-1.0, -0.5, False)])
+def test_case_table(adv, old_shift, zero):
+    """Â>0 & ρ>1+ε → 0 gradient; Â<0 & ρ<1−ε → 0; otherwise the gradient is Â∇ρ (= ÂρVlogπ)."""
+    lp = torch.tensor([-1.0], requires_grad=True)
+    old = lp.detach() + old_shift   # ρ = exp(-old_shift): shift −0.5 → ρ≈1.65, +0.5 → ρ≈0.61
+    obj, _ = token_surrogate(lp, old, torch.tensor([adv]), "clip", 0.2)
+    g, = torch.autograd.grad(obj.sum(), lp)
+    expect = 0.0 if zero else adv * math.exp(-old_shift)
+    assert g.item() == pytest.approx(expect, abs=1e-7)
+
+
+def test_upper_edge_unreachable_for_likely_tokens():
+    """π_old ≥ 1/(1+ε) ⇒ ρ = π/π_old ≤ 1/π_old ≤ 1+ε for every θ: the upper clamp never activates."""
+    g = torch.Generator().manual_seed(0)
+    eps = 0.2
+    for _ in range(200):
+        old_logits = torch.randn(8, generator=g) * 3
+        old_logits[0] += 6
+        old_p = torch.softmax(old_logits, -1)[0]
+        if old_p < 1 / (1 + eps):
+            continue
+        new = torch.softmax(torch.randn(8, generator=g) * 10, -1)[0]
+        _, st = token_surrogate(new.log()[None], old_p.log()[None], torch.tensor([1.0]), "clip", eps)
+        assert not st["clip_high"].any()
+
+
+def test_pi_loss_gradient_is_prob_times_adv_score():
+    lp = torch.tensor([-0.7], requires_grad=True)
+    obj, _ = token_surrogate(lp, torch.tensor([-3.0]), torch.tensor([2.0]), "pi")
+    g, = torch.autograd.grad(obj.sum(), lp)
+    assert g.item() == pytest.approx(2.0 * math.exp(-0.7), rel=1e-6)   # independent of π_old
+
+
+def test_update_counting():
+    assert updates_per_phase(64 * 16, 128) == 8
+    assert updates_per_phase(64 * 16, 1024) == 1
+    assert updates_per_phase(8 * 16, 128) == 1
+
+
+def test_toy_bandit_clipping_bias_small():
+    """The mechanism on few seeds: clipping keeps/grows the prior arm, ratio-no-clip drifts away."""
+    seeds = range(12)
+    clip = toy_bandit("clip", seeds=seeds, iterations=80)
+    noclip = toy_bandit("ratio", seeds=seeds, iterations=80)
+    mc = sum(clip["prior"]) / 12
+    mn = sum(noclip["prior"]) / 12
+    assert mc > clip["start_prior"] and mc - mn > 0.15
+
+
+# ------------------------------------------------------------------------------------ rewards
+def test_random_reward_rate_and_seed():
+    cfg = parse_reward("random:0.3")
+    draws = [cfg.score({}, "", "stop", (0, 0, i, 0)) for i in range(10_000)]
+    rate = sum(draws) / len(draws)
+    assert abs(rate - 0.3) < 3 * math.sqrt(0.3 * 0.7 / 10_000)
+    assert draws == [cfg.score({}, "x", "stop", (0, 0, i, 0)) for i in range(10_000)]   # ignores the text
+    other = [cfg.score({}, "", "stop", (1, 0, i, 0)) for i in range(200)]
+    assert other != draws[:200]
+
+
+def test_verifier_format_incorrect_and_parse_errors():
+    from llmtool.core.console import UsageError
+
+    row = {"prompt": "What is 7 + 5?", "answer": "12"}
+    gt = parse_reward("ground-truth")
+    assert gt.score(row, "7 + 5 = 12.", "stop", ()) == 1.0
+    assert gt.score(row, "The answer is 12, not 13", "stop", ()) == 0.0   # last integer counts
+    assert gt.score(row, "1,012? no: 12", "stop", ()) == 1.0
+    inc = parse_reward("incorrect")
+    rows = inc.prepare_rows([dict(row)])
+    assert inc.score(rows[0], "= 13", "stop", ()) == 1.0 and inc.score(rows[0], "= 12", "stop", ()) == 0.0
+    fmt = parse_reward("format")
+    assert fmt.score(row, "no number", "stop", ()) == 0.0 and fmt.score(row, "99", "stop", ()) == 1.0
+    assert parse_reward("format:python").score(row, "use Python", "stop", ()) == 1.0
+    one = parse_reward("one-shot:1")
+    assert one.prepare_rows([{"a": 1}, {"b": 2}]) == [{"b": 2}]
+    for bad in ("nope", "random:2", "random:x", "ground-truth:3"):
+        with pytest.raises(UsageError):
+            parse_reward(bad)
+    assert set(REWARDS.names()) >= {"ground-truth", "majority-vote", "format", "random", "incorrect", "one-shot"}
+
+
+def test_majority_labels_and_marker():
+    rows = [{"prompt": "p", "answer": "4"}]
+    lab = majority_labels(rows, [["= 4", "is 5", "5", "x"]])
+    assert lab[0]["mv_label"] == "5" and lab[0]["mv_correct"] is False
+    assert marker_rate(["a = b", "A=B", "none"], "=") == pytest.approx(2 / 3)
+
+
+def test_sum_two_task_verifier():
+    row = rl_data.make_sum_two(1, seed=3)[0]
+    N = row["n"]
+    assert rl_data.is_correct(row, f"{N} = 1 + {N - 1}")
+    assert not rl_data.is_correct(row, f"0 + {N}")
+    assert rl_data.extract_answer(row, f"{N - 2} + 2") == rl_data.extract_answer(row, f"2 + {N - 2}")
+
+
+# ------------------------------------------------------------------------------------ SetPO
+def test_logdet_closed_form_matches_brute_force():
+    g = torch.Generator().manual_seed(0)
+    for G in range(2, 13):
+        X = torch.randn(G, 5, generator=g, dtype=torch.float64)
+        K = diversity.rbf_kernel(X)
+        c = diversity.logdet_contributions(K, 0.7)
+        full = diversity.logdet_diversity(K, 0.7)
+        for i in range(G):
+            keep = [j for j in range(G) if j != i]
+            assert c[i].item() == pytest.approx(full - diversity.logdet_diversity(K[keep][:, keep], 0.7), abs=1e-10)
+
+
+def test_rarity_monotone_and_diminishing_returns():
+    base = torch.zeros(6, 3, dtype=torch.float64)
+    base[:5, 0] = torch.linspace(0, 0.01, 5)
+    contribs = []
+    for d in (0.05, 0.2, 0.5, 1.0, 2.0):
+        X = base.clone()
+        X[5, 1] = d
+        K = diversity.cosine_kernel(X + torch.tensor([1.0, 0, 0], dtype=torch.float64))
+        contribs.append(diversity.logdet_contributions(K)[5].item())
+        Kp = torch.exp(-torch.cdist(X, X).pow(2))
+        contribs_pw = diversity.pairwise_contributions(Kp)
+        assert contribs_pw[5] >= contribs_pw[:5].max() - 1e-12
+    assert all(b > a for a, b in zip(contribs, contribs[1:])) and contribs[-1] <= math.log(2) + 1e-12
+    g = torch.Generator().manual_seed(1)
+    for _ in range(20):
+        X = torch.randn(8, 4, generator=g, dtype=torch.float64)
+        K = diversity.cosine_kernel(X)
+        S = [0, 1, 2, 3]
+        T = [0, 1, 2, 3, 4, 5, 6]
+        cs = diversity.logdet_contributions(K[S][:, S])[0]
+        ct = diversity.logdet_contributions(K[T][:, T])[0]
+        assert cs >= ct - 1e-12
+
+
+def test_setpo_scope_normalisation_and_neutral_cases():
+    sh = SHAPER = diversity.SetPOShaper(div_coef=0.5)
+    phi = torch.randn(6, 4, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
+    r = torch.tensor([1.0, 1, 0, 1, 0, 1])
+    b, info = sh.bonus(phi, r, [False] * 6)
+    assert torch.all(b[r == 0] == 0) and info["eligible"] == 4
+    assert abs(b[r == 1].mean().item()) < 1e-9 and abs(b[r == 1].std(unbiased=False).item() - 1) < 1e-4
+    same = torch.ones(6, 4, dtype=torch.float64)
+    assert torch.equal(sh.bonus(same, r, [False] * 6)[0], torch.zeros(6, dtype=torch.float64))
+    one = torch.tensor([1.0, 0, 0, 0, 0, 0])
+    assert torch.equal(sh.bonus(phi, one, [False] * 6)[0], torch.zeros(6, dtype=torch.float64))
+    # truncated rollouts are never eligible
+    assert sh.bonus(phi, r, [True, True, False, True, False, False])[1]["eligible"] == 1
+    del SHAPER
+
+
+def test_all_correct_group_rewards_the_rarest():
+    class R:
+        def __init__(self, t):
+            self.text, self.finish = t, "stop"
+    texts = ["5 + 5", "5 + 5", "5 + 5", "3 + 7 is my answer, a different way"]
+    rs = [R(t) for t in texts]
+    rewards = torch.ones(4)
+    adv = group_advantages(rewards, 4)
+    shaped = diversity.SetPOShaper(div_coef=0.2)(rs, rewards, adv, 4, {})
+    assert torch.equal(adv, torch.zeros(4)) and shaped[3] > 0 and shaped[3] == shaped.max()
+    assert torch.equal(diversity.SetPOShaper(div_coef=0.0)(rs, rewards, adv, 4, {}), adv)
+
+
+# ------------------------------------------------------------------------------------ pass@k
+def test_pass_at_k_matches_enumeration():
+    for n, c in [(6, 0), (6, 2), (6, 6), (7, 3)]:
+        for k in range(1, n + 1):
+            subsets = list(itertools.combinations(range(n), k))
+            exact = sum(any(i < c for i in s) for s in subsets) / len(subsets)
+            assert passk.pass_at_k(n, c, k) == pytest.approx(exact, abs=1e-12)
+    assert passk.pass_at_k(10, 3, 1) == pytest.approx(0.3)
+    rows = [{"prompt": "p", "answer": "2"}]
+    s = passk.score_samples(rows, [["2", "2", "3", "x"]], ks=(1, 2, 4))["summary"]
+    assert s["pass@4"] == 1.0 and s["distinct_correct"] == 1 and s["pass@1"] == 0.5
+
+
+# ------------------------------------------------------------------------------------ the loop on a tiny model
+def _loop(tiny_dir, shaper=None, reward="ground-truth", steps=2, **kw):
+    from llmtool.core.models import load_model, load_tokenizer
+
+    torch.manual_seed(0)
+    m, tok = load_model(tiny_dir), load_tokenizer(tiny_dir)
+    s = GRPOSettings(steps=steps, group_size=4, prompts_per_rollout=2, mini_batch=4, micro_batch=4, lr=1e-3,
+                     max_new_tokens=6, **kw)
+    rows = rl_data.make_arith(8, seed=1)
+    cfg = parse_reward(reward)
+    loop = GRPOTrainerLoop(m, tok, rows, s, make_reward_fn(cfg, 0), shaper=shaper)
+    return loop
+
+
+def _weights(loop):
+    return {k: v.detach().clone() for k, v in loop.acc.unwrap_model(loop.model).state_dict().items()}
+
+
+def test_setpo_lambda_zero_is_grpo_bit_for_bit_and_counts_updates(tiny_llama_dir):
+    a = _loop(tiny_llama_dir, diversity.GRPOShaper(), reward="random:0.5", steps=1)
+    hist = a.train(progress_desc=None)
+    assert a.step == 2 and len(hist) == 2   # 8 rollouts / mini-batch 4 = 2 updates per phase
+    assert hist[0]["ratio_max"] == pytest.approx(1.0, abs=1e-5)  # first update of a phase is on-policy
+    b = _loop(tiny_llama_dir, diversity.SetPOShaper(div_coef=0.0, div_scope="all"), reward="random:0.5", steps=1)
+    b.train(progress_desc=None)
+    wa, wb = _weights(a), _weights(b)
+    assert all(torch.equal(wa[k], wb[k]) for k in wa)
+    c = _loop(tiny_llama_dir, diversity.SetPOShaper(div_coef=1.0, div_scope="all", div_keep_truncated=True),
+              reward="random:0.5", steps=1)
+    c.train(progress_desc=None)
+    wc = _weights(c)
+    assert any(not torch.equal(wa[k], wc[k]) for k in wa)
+
+
+def test_constant_reward_leaves_weights_unchanged(tiny_llama_dir):
+    loop = _loop(tiny_llama_dir, reward="random:0", steps=1)
+    before = _weights(loop)
+    hist = loop.train(progress_desc=None)
+    after = _weights(loop)
+    assert hist[0]["zero_std_groups"] == 1.0
+    assert all(torch.equal(before[k], after[k]) for k in before)
+
+
+# ------------------------------------------------------------------------------------ CLI
+def _grpo_args(model, out, *extra):
+    return ["train", "grpo", model, out, "--data", "gen:arith:8:1", "--steps", "2", "--group-size", "4",
+            "--prompts-per-rollout", "2", "--mini-batch", "4", "--micro-batch", "4", "--max-new-tokens", "5",
+            "--lr", "1e-3", *extra]
+
+
+def test_cli_grpo_writes_model_metrics_and_resumes(tiny_llama_dir, tmp_path, monkeypatch):
+    out = tmp_path / "run"
+    code, stdout, err = run_cli("--json", *_grpo_args(tiny_llama_dir, out, "--reward", "random:0.5",
+                                                      "--advantage-shaping", "setpo", "--div-coef", "0.1"))
+    assert code == 0, err
+    recs = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
+    assert len(recs) == 4 and {"clip_frac", "kl", "entropy", "marker_freq"} <= set(recs[0])
+    prov = json.loads((out / "llmtool.json").read_text())
+    assert "setpo" in json.dumps(prov)
+    assert (out / "config.json").is_file()
+    full = {k: v for k, v in _st(out).items()}
+
+    # interrupted run: crash in phase 2 after a checkpoint at phase 1, then resume → same weights
+    out2 = tmp_path / "run2"
+    import llmtool.train.grpo as G
+
+    real = G.GRPOTrainerLoop.run_phase
+
+    def boom(self):
+        if self.phase == 1:
+            raise RuntimeError("simulated crash")
+        return real(self)
+
+    monkeypatch.setattr(G.GRPOTrainerLoop, "run_phase", boom)
+    try:
+        code, _, _ = run_cli("--json", *_grpo_args(tiny_llama_dir, out2, "--reward", "random:0.5",
+                                                   "--advantage-shaping", "setpo", "--div-coef", "0.1",
+                                                   "--save-every", "1"))
+    except RuntimeError:
+        code = -1
+    assert code != 0
+    monkeypatch.setattr(G.GRPOTrainerLoop, "run_phase", real)
+    assert not out2.exists() and (tmp_path / "run2.checkpoints" / "checkpoint-1").is_dir()
+    code, _, err = run_cli("--json", *_grpo_args(tiny_llama_dir, out2, "--reward", "random:0.5",
+                                                 "--advantage-shaping", "setpo", "--div-coef", "0.1",
+                                                 "--save-every", "1", "--resume"))
+    assert code == 0, err
+    resumed = _st(out2)
+    assert all(torch.equal(full[k], resumed[k]) for k in full)
+    assert len((out2 / "metrics.jsonl").read_text().splitlines()) == 4
+    assert not (tmp_path / "run2.checkpoints").exists()
+
+
+def _st(d):
+    from safetensors.torch import load_file
+
+    return load_file(str(d / "model.safetensors"))
+
+
+@pytest.mark.parametrize("extra,needle", [
+    (("--reward", "nope"), "unknown reward"),
+    (("--group-size", "1"), "G >= 2"),
+    (("--div-coef", "0.1"), "does not apply"),
+    (("--resume",), "no complete checkpoint"),
+])
+def test_cli_bad_input(tiny_llama_dir, tmp_path, extra, needle):
+    args = _grpo_args(tiny_llama_dir, tmp_path / "o", *extra)
+    code, _, err = run_cli(*args)
+    assert code == 2 and needle in err and not (tmp_path / "o").exists()
+
+
+def test_cli_bad_data_and_not_causal(tiny_llama_dir, tmp_path):
+    bad = tmp_path / "d.jsonl"
+    bad.write_text('{"prompt": "What is 1+1?", "answer": "2"}\n{"prompt": "no answer"}\n')
+    args = _grpo_args(tiny_llama_dir, tmp_path / "o")
+    args[args.index("--data") + 1] = str(bad)
+    code, _, err = run_cli(*args)
+    assert code == 2 and "d.jsonl:2" in err and "answer" in err
+    # a random reward needs no answer
+    args += ["--reward", "random", "--steps", "1"]
+    code, _, err = run_cli(*args)
+    assert code == 0, err
+    enc = tmp_path / "enc"
+    enc.mkdir()
+    (enc / "config.json").write_text(json.dumps({"architectures": ["BertModel"], "model_type": "bert"}))
+    code, _, err = run_cli(*_grpo_args(str(enc), tmp_path / "o2"))
+    assert code == 2 and "causal" in err
+
+
+def test_cli_eval_passk_and_rl_data(tiny_llama_dir, tmp_path):
+    data = tmp_path / "d.jsonl"
+    code, _, err = run_cli("train", "rl-data", "--task", "sum-two", "--n", "3", "-o", data)
+    assert code == 0, err and len(data.read_text().splitlines()) == 3
+    res = tmp_path / "p.json"
+    code, _, err = run_cli("train", "eval-passk", tiny_llama_dir, "--data", data, "--n", "4", "--k", "1,2,4",
+                           "--max-new-tokens", "4", "-o", res)
+    assert code == 0, err
+    summ = json.loads(res.read_text())["summary"]
+    assert {"pass@1", "pass@4", "greedy_pass@1", "distinct_correct", "answer_entropy"} <= set(summ)
+    code, _, err = run_cli("train", "eval-passk", tiny_llama_dir, "--data", data, "--n", "2", "--k", "4")
+    assert code == 2 and "n >= max k" in err
