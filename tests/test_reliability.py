@@ -150,7 +150,28 @@ MODEL_COMMANDS: dict[str, list[str]] = {
     "quantize": ["quantize", "{model}", "{out}", "--method", "rtn", "--calib-data", "{text}", "--no-eval"],
     "evaluate ppl": ["evaluate", "ppl", "{model}", "--data", "{text}", "--seqlen", "16"],
     "kvcache evaluate": ["kvcache", "evaluate", "{model}", "--task", "ppl", "--data", "{text}"],
+    "train sft": ["train", "sft", "{model}", "{out}", "--data", "{sft}", "--max-steps", "1"],
+    "train grpo": ["train", "grpo", "{model}", "{out}", "--data", "{rl}", "--reward", "ground-truth"],
+    "route make-experts": ["route", "make-experts", "{model}", "{out}", "--data", "{route}", "--max-steps", "1"],
+    "select-data features": ["select-data", "features", "{pool}", "{out}", "--model", "{model}"],
 }
+
+
+@pytest.fixture(scope="module")
+def area_data(tmp_path_factory) -> dict[str, Path]:
+    """Well-formed data for the commands above, so that only the model is bad."""
+    root = tmp_path_factory.mktemp("area-data")
+    rows = {
+        "sft": [{"prompt": "2+2=", "completion": "4"}] * 4,
+        "rl": [{"prompt": "2+2=", "answer": "4"}] * 4,
+        "route": [{"id": f"m{i}", "domain": "math", "prompt": "2+2=", "response": "4", "answer": "4"} for i in range(4)],
+        "pool": [{"id": f"p{i}", "prompt": "What is 2+2?"} for i in range(4)],
+    }
+    out = {}
+    for name, rs in rows.items():
+        out[name] = root / f"{name}.jsonl"
+        out[name].write_text("".join(json.dumps(r) + "\n" for r in rs))
+    return out
 
 
 def _one_error_line(err: str) -> str:
@@ -172,11 +193,11 @@ CASES = [(cmd, bad) for cmd in MODEL_COMMANDS for bad in sorted(BAD_MODELS)]
 
 
 @pytest.mark.parametrize("cmd,bad", CASES, ids=[f"{c}-{b}" for c, b in CASES])
-def test_commands_refuse_bad_models_with_one_line(cmd, bad, bad_models, tmp_path, tiny_text_file):
+def test_commands_refuse_bad_models_with_one_line(cmd, bad, bad_models, tmp_path, tiny_text_file, area_data):
     model = bad_models[bad]
     before = _sha_tree(model)
     out = tmp_path / "out"
-    code, _, err = _run(MODEL_COMMANDS[cmd], model=model, out=out, text=tiny_text_file)
+    code, _, err = _run(MODEL_COMMANDS[cmd], model=model, out=out, text=tiny_text_file, **area_data)
     assert code == 2, (cmd, bad, code, err)
     _one_error_line(err)
     assert not out.exists() and not list(tmp_path.glob(".out.tmp-*"))
@@ -246,3 +267,85 @@ def test_sigint_mid_run_exits_130_with_one_line_and_leaves_nothing(clean_tiny, t
     assert p.returncode == 130, err
     assert _one_error_line(err) == "error: interrupted"
     assert not out.exists() and not list(tmp_path.glob(".out.tmp-*"))
+
+
+# ------------------------------------------------------------------------ meaningless exit 0, second round
+ARG_CASES = {
+    # name: (argv template, needle in the one error line)
+    "ppl-empty-text": (["evaluate", "ppl", "{model}", "--data", "{empty}"], "perplexity needs at least 2"),
+    "bai-sim-gap-nan": (["evaluate", "bai-sim", "--synthetic", "irt", "--k", "4", "--n", "50", "--gap", "nan",
+                         "--reps", "2", "-o", "{out}.csv"], "--gap"),
+    "bai-sim-gap-too-big": (["evaluate", "bai-sim", "--synthetic", "irt", "--k", "4", "--n", "50", "--gap", "0.5",
+                             "--reps", "2", "-o", "{out}.csv"], "outside (0, 1)"),
+    "keystone-k-negative": (["edit", "keystone", "ablate", "{model}", "--neurons", "{empty}", "--k", "-5"], "--k -5"),
+    "metrics-string-score": (["evade", "metrics", "{strscore}", "{okscore}"], "'score' must be a finite number"),
+    "metrics-nan-score": (["evade", "metrics", "{okscore}", "{nanscore}"], "'score' must be a finite number"),
+}
+
+
+@pytest.fixture()
+def arg_files(tmp_path) -> dict[str, Path]:
+    files = {"empty": tmp_path / "empty.txt", "strscore": tmp_path / "str.jsonl", "okscore": tmp_path / "ok.jsonl",
+             "nanscore": tmp_path / "nan.jsonl"}
+    files["empty"].write_text("")
+    files["strscore"].write_text(json.dumps({"score": "abc", "is_watermarked": True, "score_kind": "z"}) + "\n")
+    files["okscore"].write_text(json.dumps({"score": 1.5, "is_watermarked": False, "score_kind": "z"}) + "\n")
+    files["nanscore"].write_text('{"score": NaN, "is_watermarked": false, "score_kind": "z"}\n')
+    return files
+
+
+@pytest.mark.parametrize("case", sorted(ARG_CASES))
+def test_meaningless_inputs_are_refused(case, clean_tiny, tmp_path, arg_files):
+    argv, needle = ARG_CASES[case]
+    out = tmp_path / "result"
+    before = {k: v.read_bytes() for k, v in arg_files.items()}
+    code, _, err = _run(argv, model=clean_tiny, out=out, **arg_files)
+    assert code == 2, (case, code, err)
+    assert needle in _one_error_line(err), err
+    assert not list(tmp_path.glob("result*"))
+    assert {k: v.read_bytes() for k, v in arg_files.items()} == before
+
+
+def test_outputs_of_one_tool_refused_by_the_other(clean_tiny, tmp_path, tiny_text_file):
+    """A low-rank output given to quantize (was an internal AttributeError) and a quantized output given
+    to compress are one-line errors; the output files have ordinary permissions (safetensors writes 0600)."""
+    import os
+    import stat
+
+    lowrank = tmp_path / "lowrank"
+    code, _, err = run_cli("compress", "--method", "svd", str(clean_tiny), str(lowrank), "--ratio", "0.2")
+    assert code == 0, err
+    mask = os.umask(0)
+    os.umask(mask)
+    for f in lowrank.glob("*.safetensors"):
+        assert stat.S_IMODE(f.stat().st_mode) == 0o666 & ~mask
+    code, _, err = run_cli("quantize", "--method", "rtn", str(lowrank), str(tmp_path / "q"), "--no-eval")
+    assert code == 2 and "low-rank" in _one_error_line(err)
+    quant = tmp_path / "quant"
+    code, _, err = run_cli("quantize", "--method", "rtn", str(clean_tiny), str(quant), "--no-eval")
+    assert code == 0, err
+    code, _, err = run_cli("compress", "--method", "svd", str(quant), str(tmp_path / "c"), "--ratio", "0.2")
+    assert code == 2 and "quantized" in _one_error_line(err)
+    assert not (tmp_path / "q").exists() and not (tmp_path / "c").exists()
+
+
+def test_edit_statistics_cache_is_keyed_by_content_and_survives_corruption(clean_tiny, tmp_path):
+    """Stale caches: a different corpus file of the same name must not reuse old statistics; a corrupt
+    cache file is recomputed, not a traceback."""
+    from llmtool.core.models import load_model, load_tokenizer
+    from llmtool.edit.covariance import second_moments
+
+    model, tok = load_model(clean_tiny), load_tokenizer(clean_tiny)
+    root = tmp_path / "stats"
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text("the cat sat on the mat and looked at the dog. " * 60)
+    a = second_moments(model, tok, [0], "fp", corpus=str(corpus), samples=64, seqlen=16, root=root)[0]
+    corpus.write_text("zebra quantum xylophone! 12345 ?? " * 80)  # same name, other content
+    b = second_moments(model, tok, [0], "fp", corpus=str(corpus), samples=64, seqlen=16, root=root)[0]
+    assert not torch.allclose(a, b)
+    cached = sorted(root.rglob("*.safetensors"))
+    assert len(cached) == 2
+    for f in cached:
+        f.write_bytes(b"garbage")
+    c = second_moments(model, tok, [0], "fp", corpus=str(corpus), samples=64, seqlen=16, root=root)[0]
+    assert torch.allclose(b, c)

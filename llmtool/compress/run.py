@@ -39,6 +39,9 @@ def compress(model_arg: str, out: Path, cfg: CompressConfig, overwrite: bool = F
         config = read_config(src)
         if FORMAT_KEY in config:
             raise UsageError(f"{src}: already a low-rank checkpoint (compress the original model instead)")
+        if "llmtool_quant" in config:
+            raise UsageError(f"{src}: a quantized checkpoint of `llmtool quantize`; compress needs full-precision "
+                             "weights (compress the original model instead)")
         tok = j.tokenizer
         needs_data = cfg.needs_data
         calib = grad = None

@@ -263,6 +263,15 @@ def clean_stale_temps(out: Path) -> list[Path]:
     return removed
 
 
+def _ordinary_modes(root: Path) -> None:
+    """Give files the permissions an ordinary write would (safetensors writes its files 0600)."""
+    mask = os.umask(0)
+    os.umask(mask)
+    for p in root.rglob("*"):
+        if p.is_file() and not p.is_symlink() and (p.stat().st_mode & 0o777) == 0o600:
+            p.chmod(0o666 & ~mask)
+
+
 @contextlib.contextmanager
 def atomic_output(out: Path, overwrite: bool = False) -> Iterator[Path]:
     """Yield a temporary directory that becomes ``out`` only if the block succeeds.
@@ -277,6 +286,7 @@ def atomic_output(out: Path, overwrite: bool = False) -> Iterator[Path]:
     tmp.chmod(0o755)  # mkdtemp makes it 0700; the output is an ordinary directory
     try:
         yield tmp
+        _ordinary_modes(tmp)
         if out.exists() or out.is_symlink():
             if not overwrite:
                 raise UsageError(f"{out}: already exists (written by another run meanwhile; pass --overwrite to replace it)")

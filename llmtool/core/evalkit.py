@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 import torch
 
-from llmtool.core.console import progress
+from llmtool.core.console import UsageError, progress
 
 
 @dataclass
@@ -36,6 +36,8 @@ def perplexity(model, ids: torch.Tensor, seqlen: int = 512, stride: int | None =
     stride = stride or seqlen
     if max_tokens:
         ids = ids[:max_tokens]
+    if ids.numel() < 2:
+        raise UsageError(f"the text has {ids.numel()} token(s): perplexity needs at least 2")
     device = next(model.parameters()).device
     spans = []  # (start, end, number of scored tokens at the end of the window)
     prev_end = 0

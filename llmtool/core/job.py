@@ -93,11 +93,12 @@ def job(command: str, out: Path | str, *, overwrite: bool = False, config: Any =
 
     model_path = None
     if model is not None:
-        from llmtool.core.models import check_causal_lm, resolve_model
+        from llmtool.core.models import check_causal_lm, check_weights, resolve_model
 
         model_path = resolve_model(model)
         if check_model:
             check_causal_lm(model_path)
+            check_weights(model_path)  # safetensors headers, pickle-only refusal: before any work
     in_paths = tuple(Path(p) for p in inputs) + ((model_path,) if model_path is not None else ())
     out_path = check_output(Path(out), overwrite, inputs=in_paths)
     from llmtool.core.models import set_seed

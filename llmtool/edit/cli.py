@@ -26,11 +26,17 @@ app = typer.Typer(cls=EditGroup, no_args_is_help=True,
                   help="Knowledge editing (memit, alphaedit; backward or forward anchor) and keystone neurons.")
 
 
-def parse_int_list(text: str, option: str) -> list[int]:
+def parse_int_list(text: str, option: str, minimum: int = 0) -> list[int]:
     try:
-        return [int(x) for x in text.split(",") if x.strip()]
+        values = [int(x) for x in text.split(",") if x.strip()]
     except ValueError:
         raise UsageError(f"{option}: expected comma-separated integers, got {text!r}") from None
+    if not values:
+        raise UsageError(f"{option}: expected at least one integer, got {text!r}")
+    bad = [v for v in values if v < minimum]
+    if bad:
+        raise UsageError(f"{option} {bad[0]}: must be >= {minimum}")
+    return values
 
 
 @app.command("apply")

@@ -6,7 +6,9 @@ Protocol: ``samples`` token positions taken as ``ceil(samples / seqlen)`` random
 ``austen-train`` by default: the paper lineage uses Wikipedia, which is not available offline).
 Accumulated in float64 on CPU (:class:`llmtool.core.calib.InputStatistics`), stored in float32 (the spec's choice) under
 ``$LLMTOOL_HOME/edit-stats/<model sha256[:16]>/`` as one safetensors file per (layer, corpus,
-samples, seqlen, seed), so statistics of one model are never reused for another.
+samples, seqlen, seed), so statistics of one model are never reused for another. A corpus given as a
+file is keyed by its content hash (a different file of the same name never reuses old statistics); an
+unreadable cache file is recomputed; a read-only ``$LLMTOOL_HOME`` only disables the cache.
 """
 from __future__ import annotations
 
@@ -30,8 +32,22 @@ def stats_root() -> Path:
     return home() / "edit-stats"
 
 
+def _corpus_tag(corpus: str) -> str:
+    import hashlib
+
+    p = Path(str(corpus))
+    tag = re.sub(r"[^A-Za-z0-9_.-]", "_", p.name)
+    if p.is_file():
+        h = hashlib.sha256()
+        with open(p, "rb") as fh:
+            for block in iter(lambda: fh.read(1 << 20), b""):
+                h.update(block)
+        tag += "-" + h.hexdigest()[:16]
+    return tag
+
+
 def _file(root: Path, fingerprint: str, layer: int, corpus: str, samples: int, seqlen: int, seed: int) -> Path:
-    tag = re.sub(r"[^A-Za-z0-9_.-]", "_", Path(str(corpus)).name)
+    tag = _corpus_tag(corpus)
     return root / fingerprint / f"layer{layer}-{tag}-n{samples}-s{seqlen}-seed{seed}.safetensors"
 
 
@@ -56,17 +72,25 @@ def second_moments(model, tok, layers: list[int], fingerprint: str, corpus: str 
     out, missing = {}, []
     for l in layers:
         f = _file(root, fingerprint, l, corpus, samples, seqlen, seed)
-        if f.is_file():
-            out[l] = load_file(str(f))["mom2"]
-        else:
+        try:
+            out[l] = load_file(str(f))["mom2"] if f.is_file() else None
+        except Exception as e:  # a truncated or foreign file: recompute rather than fail
+            info(f"ignoring unreadable cached statistics {f.name}: {type(e).__name__}")
+            out[l] = None
+        if out[l] is None:
+            del out[l]
             missing.append(l)
     if missing:
         info(f"computing key second moments for layers {missing} ({samples} positions of {corpus})")
         fresh = compute_second_moments(model, tok, missing, corpus, samples, seqlen, seed)
         for l, c in fresh.items():
             f = _file(root, fingerprint, l, corpus, samples, seqlen, seed)
-            f.parent.mkdir(parents=True, exist_ok=True)
-            with atomic_file(f) as tmp:
-                save_file({"mom2": c.contiguous()}, str(tmp), metadata={"count": str(samples), "corpus": str(corpus)})
+            try:
+                f.parent.mkdir(parents=True, exist_ok=True)
+                with atomic_file(f) as tmp:
+                    save_file({"mom2": c.contiguous()}, str(tmp),
+                              metadata={"count": str(samples), "corpus": str(corpus)})
+            except OSError as e:
+                info(f"statistics not cached ({f.parent}: {e.strerror or e})")
             out[l] = c
     return out

@@ -74,7 +74,7 @@ def ablate_command(
     from llmtool.edit.cli import parse_int_list
     from llmtool.edit.keystone import ablated, default_eval_texts, load_keystone, matched_random, mean_ppl
 
-    ks = parse_int_list(k, "--k")
+    ks = parse_int_list(k, "--k", minimum=1)
     all_neurons = load_keystone(neurons, max(ks) if ks else None)
     tok, m = load_tokenizer(model), load_model(model)
     ids = _tokens(tok, _texts(eval_texts, default_eval_texts))

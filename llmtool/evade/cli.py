@@ -227,6 +227,15 @@ def metrics(
 
     need = ("score", "is_watermarked", "score_kind")
     pos, neg = read_jsonl(positives, required=need), read_jsonl(negatives, required=need)
+    for path, rows in ((positives, pos), (negatives, neg)):
+        if not rows:
+            raise UsageError(f"{path}: no detections")
+        for i, r in enumerate(rows, 1):
+            v = r["score"]
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or v != v or v in (float("inf"), float("-inf")):
+                raise UsageError(f"{path}:{i}: field 'score' must be a finite number, got {v!r}")
+            if not isinstance(r["is_watermarked"], bool):
+                raise UsageError(f"{path}:{i}: field 'is_watermarked' must be true or false, got {r['is_watermarked']!r}")
     kinds = {r["score_kind"] for r in pos + neg}
     if len(kinds) != 1 or not kinds <= {"z", "p"}:
         raise UsageError(f"{positives}, {negatives}: score_kind must be one of z/p and the same in both files")

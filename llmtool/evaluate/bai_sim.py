@@ -28,6 +28,16 @@ from llmtool.evaluate.sysr import MatrixOracle
 
 def synthetic_irt(k: int = 10, n: int = 2000, gap: float = 0.05, spread: float = 3.0, seed: int = 0,
                   noise: float = 0.3, low: float = 0.55, high: float = 0.70) -> ScoreMatrix:
+    import math
+
+    from llmtool.core.console import UsageError
+
+    for name, v in (("gap", gap), ("spread", spread)):
+        if not math.isfinite(v) or v < 0:
+            raise UsageError(f"--{name} {v}: must be a finite number >= 0")
+    top = (low + (high - low) * (k - 2) / max(1, k - 1)) + gap if k >= 2 else high
+    if not 0 < top < 1:
+        raise UsageError(f"--gap {gap}: the best model's target accuracy would be {top:.3f}, outside (0, 1)")
     rng = np.random.default_rng(seed)
     b = rng.normal(0.0, spread, n)
     e = rng.normal(0.0, noise, (k, n))

@@ -66,6 +66,8 @@ def ppl(
 
     tok = load_tokenizer(model)
     ids = data_mod.tokenize(tok, data_mod.load_text(data))
+    if ids.numel() < 2:  # before the model is loaded: fail fast
+        raise UsageError(f"{data}: {ids.numel()} token(s) of text; perplexity needs at least 2")
     m = load_model(model)
     r = perplexity(m, ids, seqlen=seqlen, stride=stride or seqlen, max_tokens=max_tokens, batch_size=batch_size)
     emit({"model": str(model), "data": data, "ppl": r.ppl, "nll": r.nll, "tokens": r.tokens,

@@ -164,6 +164,8 @@ def bai_sim_cmd(
     from llmtool.evaluate.bai import default_methods, parse_method
 
     check_output(out, overwrite)
+    if not 0 < delta < 1:
+        raise UsageError(f"--delta {delta}: must be in (0, 1)")
     method_list = [m.strip() for m in methods.split(",") if m.strip()] if methods else default_methods()
     for m in method_list:
         parse_method(m)

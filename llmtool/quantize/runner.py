@@ -40,6 +40,9 @@ def run_quantize(model, out: Path, cfg, calib_data: str, calib_samples: int, cal
         require(config, "llmtool quantize", bias_free=True)
         if "llmtool_quant" in config:
             raise UsageError(f"{src}: already quantized by llmtool (config.json has llmtool_quant)")
+        if "llmtool_lowrank" in config:
+            raise UsageError(f"{src}: a low-rank checkpoint of `llmtool compress`; quantize needs dense "
+                             "linear layers (quantize the original model instead)")
         if getattr(cfg, "rank", None) is not None and cfg.rank > config["hidden_size"]:
             raise UsageError(f"--rank {cfg.rank}: must be at most the hidden size {config['hidden_size']}")
         tok, m = j.tokenizer, j.model

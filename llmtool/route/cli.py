@@ -133,8 +133,8 @@ def make_experts(
         tok = load_tokenizer(j.model_path)
         summary = {}
         for n in names:
+            m = load_model(j.model_path)  # before the message: a bad checkpoint is the only line printed
             info(f"training expert {n!r}")
-            m = load_model(j.model_path)
             ex = sft_examples(tok, [r for r in rows if r["domain"] == n], template, str(data))
             res = sft(m, tok, ex, targs)
             m.save_pretrained(j.dir / n, safe_serialization=True)
