@@ -126,21 +126,24 @@ TEXTS = {
 }
 
 
-def _austen_data_dir() -> Path:
-    if (AUSTEN_SYSTEM / "Rdata.rdb").is_file():
-        return AUSTEN_SYSTEM
-    local = home() / "debs" / "janeaustenr"
-    data = local / "usr/lib/R/site-library/janeaustenr/data"
-    if (data / "Rdata.rdb").is_file():
+def debian_data(package: str, system_dir: Path, present) -> Path:
+    """The data directory ``system_dir`` of a Debian package: the installed one when ``present(dir)``
+    holds, else the package fetched once with ``apt-get download`` (no root) and unpacked under
+    ``$LLMTOOL_HOME/debs/<package>/``. Used for every corpus that ships as a Debian package."""
+    if present(system_dir):
+        return system_dir
+    local = home() / "debs" / package
+    data = local / system_dir.relative_to("/")
+    if present(data):
         return data
     if shutil.which("apt-get") is None or shutil.which("dpkg-deb") is None:
-        raise UsageError(f"the Austen corpus needs Debian's {AUSTEN_DEB} (apt-get install {AUSTEN_DEB})")
-    info(f"fetching Debian package {AUSTEN_DEB}")
+        raise UsageError(f"this corpus needs Debian's {package} (apt-get install {package})")
+    info(f"fetching Debian package {package}")
     with tempfile.TemporaryDirectory() as tmp:
-        r = subprocess.run(["apt-get", "download", AUSTEN_DEB], cwd=tmp, capture_output=True, text=True)
+        r = subprocess.run(["apt-get", "download", package], cwd=tmp, capture_output=True, text=True)
         debs = list(Path(tmp).glob("*.deb"))
         if r.returncode != 0 or not debs:
-            raise UsageError(f"apt-get download {AUSTEN_DEB} failed: {r.stderr.strip().splitlines()[-1:]}")
+            raise UsageError(f"apt-get download {package} failed: {r.stderr.strip().splitlines()[-1:]}")
         home().mkdir(parents=True, exist_ok=True)
         staging = Path(tempfile.mkdtemp(dir=home()))
         subprocess.run(["dpkg-deb", "-x", str(debs[0]), str(staging)], check=True)
@@ -149,6 +152,10 @@ def _austen_data_dir() -> Path:
             shutil.rmtree(local)
         staging.rename(local)
     return data
+
+
+def _austen_data_dir() -> Path:
+    return debian_data(AUSTEN_DEB, AUSTEN_SYSTEM, lambda d: (d / "Rdata.rdb").is_file())
 
 
 def _read_lazyload(data_dir: Path) -> dict[str, list[str]]:

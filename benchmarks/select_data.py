@@ -1,0 +1,210 @@
+"""select-data benchmark: GEM intrinsic balance vs its baselines on real text, and SHIFT selection
+(without RL) vs its baselines on a reasoning-gym pool with the default model's rollouts, plus cost.
+
+    .venv/bin/python benchmarks/select_data.py                     # CPU default (minutes)
+    .venv/bin/python benchmarks/select_data.py --fortunes 0 --austen 2000 --synthetic 1000 \
+        --seeds 0,1,2 --pool-per-gen 50 --max-new-tokens 256        # fuller protocol (GPU advised)
+
+Writes benchmarks/results/select_data.json and .md.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from llmtool.core.console import info, markdown_table  # noqa: E402
+
+GENERATORS = ("basic_arithmetic", "chain_sum", "products", "simple_equations", "number_sorting",
+              "spell_backward", "syllogism")
+
+
+def gem_corpus(n_fortunes: int, n_austen: int, n_synth: int, seed: int = 0) -> list[dict]:
+    import reasoning_gym
+
+    from llmtool.core.defaults import text
+    from llmtool.select_data.corpora import fortunes
+
+    rng = np.random.default_rng(seed)
+    fort = fortunes()
+    if n_fortunes and n_fortunes < len(fort):
+        fort = [fort[i] for i in sorted(rng.choice(len(fort), n_fortunes, replace=False))]
+    paras = [p for p in text("austen-train").split("\n\n") if len(p) > 200]
+    paras = [paras[i] for i in sorted(rng.choice(len(paras), min(n_austen, len(paras)), replace=False))]
+    rows = fort + [{"id": f"austen-{i}", "text": p[:600], "source": "austen"} for i, p in enumerate(paras)]
+    per = max(1, n_synth // len(GENERATORS))
+    for g in GENERATORS:
+        ds = reasoning_gym.create_dataset(g, size=per, seed=seed + 1)
+        rows += [{"id": f"{g}-{i}", "text": ds[i]["question"], "source": "synthetic:" + g} for i in range(per)]
+    return rows
+
+
+def bench_gem(args) -> dict:
+    from sklearn.metrics import normalized_mutual_info_score
+
+    from llmtool.select_data import gem
+    from llmtool.select_data.corpora import embed_minilm
+    from llmtool.select_data.gis import taxonomy
+    from llmtool.select_data.methods import CLUSTERERS, run_clusterer
+
+    rows = gem_corpus(args.fortunes, args.austen, args.synthetic)
+    info(f"GEM corpus: {len(rows)} documents")
+    t = time.time()
+    emb = embed_minilm([r["text"] for r in rows], batch_size=64)
+    embed_s = time.time() - t
+    x = gem.normalize(emb.astype(np.float64))
+    sources = [r["source"] for r in rows]
+    synth = np.array([s.startswith("synthetic") for s in sources])
+    coarse = [s if not s.startswith("synthetic") else "synthetic" for s in sources]
+    results, tax_print = [], None
+    for seed in args.seeds:
+        for name in ("gem", "vmf", "movmf-em", "spherical-kmeans", "kmeans", "source"):
+            if name == "source" and seed != args.seeds[0]:
+                continue
+            kw = {} if name == "source" else {"k": args.k, "cluster_seed": seed}
+            if name in ("gem", "vmf", "movmf-em"):
+                kw["max_iter"] = args.max_iter
+            cfg = CLUSTERERS.build(name, **kw)
+            t = time.time()
+            res, _ = run_clusterer(cfg, emb, sources)
+            sec = time.time() - t
+            k = res.k
+            m = gem.intrinsic(res.labels, k, x)
+            counts = np.bincount(res.labels[synth], minlength=k)
+            top2 = float(np.sort(counts)[-2:].sum() / max(synth.sum(), 1))
+            results.append({"method": name, "seed": seed, "k": k, "norm_entropy": round(m["norm_entropy"], 4),
+                            "max_share": round(m["max_share"], 4), "min_share": round(m["min_share"], 4),
+                            "synthetic_top2": round(top2, 3),
+                            "nmi_source": round(float(normalized_mutual_info_score(coarse, res.labels)), 3),
+                            "seconds": round(sec, 1)})
+            info(str(results[-1]))
+            if name == "gem" and seed == args.seeds[0]:
+                tax = taxonomy([r["text"] for r in rows], res.labels, gem.gis_scores(x, res), k, top_terms=4)
+                tax_print = [{"domain": t["domain"], "share": round(t["share"], 3), "name": t["name"]}
+                             for t in sorted(tax, key=lambda t: -t["share"])]
+    return {"n_docs": len(rows), "embed_seconds": round(embed_s, 1), "rows": results, "gem_taxonomy": tax_print}
+
+
+def shift_pool(per_gen: int, seed: int = 0) -> list[dict]:
+    import reasoning_gym
+
+    rows = []
+    for g in GENERATORS:
+        ds = reasoning_gym.create_dataset(g, size=per_gen, seed=seed)
+        rows += [{"id": f"{g}-{i}", "prompt": ds[i]["question"], "answer": str(ds[i]["answer"]), "generator": g}
+                 for i in range(per_gen)]
+    return rows
+
+
+def bench_shift(args) -> dict:
+    from scipy.stats import spearmanr
+
+    from llmtool.core.models import load_model, load_tokenizer
+    from llmtool.select_data import features as F
+    from llmtool.select_data import shift
+    from llmtool.select_data.corpora import embed_minilm
+    from llmtool.select_data.methods import SELECTORS, run_selector
+
+    rows = shift_pool(args.pool_per_gen)
+    model, tok = load_model(args.model), load_tokenizer(args.model)
+    t = time.time()
+    res = F.extract(model, tok, [r["prompt"] for r in rows], max_new_tokens=args.max_new_tokens, batch_size=8)
+    feat_s = time.time() - t
+    feats = res["features"]
+    feats["minilm"] = embed_minilm([r["prompt"] for r in rows])
+    gens = np.array([r["generator"] for r in rows])
+    u = np.linalg.norm(feats["e"] - feats["s"], axis=1)
+    out_rows = []
+    for b in args.budgets:
+        for name in SELECTORS.names():
+            seeds = range(5) if name in ("random", "kmeans-centres") else [None]
+            covs = []
+            for sd in seeds:
+                kw = {"budget": b}
+                if sd is not None:
+                    kw["select_seed"] = sd
+                picked = run_selector(SELECTORS.build(name, **kw), feats)["picked"]
+                covs.append(len(set(gens[picked])))
+            out_rows.append({"budget": b, "method": name, "generators_covered": round(float(np.mean(covs)), 2),
+                             "sd": round(float(np.std(covs, ddof=1)), 2) if len(covs) > 1 else 0.0,
+                             "of": len(GENERATORS)})
+    diag = {"spearman_u_prompt_len": round(float(spearmanr(u, feats["prompt_len"]).statistic), 3),
+            "spearman_u_gen_len": round(float(spearmanr(u, feats["gen_len"]).statistic), 3),
+            "truncated_rate": round(float(feats["truncated"].mean()), 3),
+            "rollouts_per_s": round(len(rows) / feat_s, 3), "pool": len(rows)}
+    # selection cost at the pool size and at a synthetic 100k pool (O(N·B) farthest-first)
+    s = feats["s"].astype(np.float64)
+    t = time.time()
+    shift.shift_select(s, feats["e"], 16)
+    diag["select_seconds_pool"] = round(time.time() - t, 4)
+    rng = np.random.default_rng(0)
+    big_s, big_e = rng.normal(size=(100_000, 64)), rng.normal(size=(100_000, 64))
+    t = time.time()
+    c = shift.DistanceCounter()
+    shift.shift_select(big_s, big_e, 16, counter=c)
+    diag["select_seconds_100k_d128_B16"] = round(time.time() - t, 2)
+    diag["distance_evals_100k"] = c.count
+    return {"rows": out_rows, "diagnostics": diag}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--fortunes", type=int, default=3000, help="fortunes sampled (0 = all ≈14k)")
+    ap.add_argument("--austen", type=int, default=500)
+    ap.add_argument("--synthetic", type=int, default=490)
+    ap.add_argument("--k", type=int, default=24)
+    ap.add_argument("--max-iter", type=int, default=25)
+    ap.add_argument("--seeds", type=lambda s: [int(x) for x in s.split(",")], default=[0])
+    ap.add_argument("--model", default="smollm2-135m")
+    ap.add_argument("--pool-per-gen", type=int, default=10)
+    ap.add_argument("--max-new-tokens", type=int, default=48)
+    ap.add_argument("--budgets", type=lambda s: [int(x) for x in s.split(",")], default=[7, 16])
+    ap.add_argument("--skip", default="", help="comma list: gem,shift")
+    ap.add_argument("--out", default="benchmarks/results/select_data")
+    args = ap.parse_args()
+    skip = set(args.skip.split(",")) - {""}
+    out = Path(args.out)
+    result = {"args": vars(args)}
+    if skip and out.with_suffix(".json").is_file():  # keep the earlier run's results of skipped parts
+        old = json.loads(out.with_suffix(".json").read_text())
+        for part in skip & {"gem", "shift"}:
+            if part in old:
+                result[part] = old[part]
+                result[f"args_{part}"] = old.get(f"args_{part}", old.get("args"))
+    for part in {"gem", "shift"} - skip:
+        result[f"args_{part}"] = vars(args)
+    md = ["# select-data benchmark", "", f"Last command: `{' '.join(['benchmarks/select_data.py', *sys.argv[1:]])}` "
+          "(each part's arguments are in the JSON as args_gem / args_shift)", ""]
+    if "gem" not in skip:
+        result["gem"] = bench_gem(args)
+    if "gem" in result:
+        g = result["gem"]
+        a = result["args_gem"]
+        md += [f"## GEM intrinsic (MiniLM embeddings, {g['n_docs']} docs, K={a['k']}, seeds {a['seeds']})", "",
+               markdown_table(g["rows"]), "", "GEM taxonomy (GIS names):", "", markdown_table(g["gem_taxonomy"] or []), ""]
+    if "shift" not in skip:
+        result["shift"] = bench_shift(args)
+    if "shift" in result:
+        s = result["shift"]
+        a = result["args_shift"]
+        md += [f"## SHIFT without RL (pool {s['diagnostics']['pool']}, {a['model']}, "
+               f"{a['max_new_tokens']} new tokens)", "", markdown_table(s["rows"]), "",
+               "```", json.dumps(s["diagnostics"], indent=1), "```", ""]
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.with_suffix(".json").write_text(json.dumps(result, indent=2, default=float))
+    out.with_suffix(".md").write_text("\n".join(md))
+    print("\n".join(md))
+
+
+if __name__ == "__main__":
+    main()
