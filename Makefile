@@ -5,7 +5,8 @@ PIP    := $(VENV)/bin/pip
 export HF_HUB_OFFLINE := 1
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: setup demo test test-slow bench bench-compress bench-quantize bench-kvcache bench-evaluate bench-evade bench-edit clean
+.PHONY: setup demo test test-slow bench bench-compress bench-quantize bench-kvcache bench-evaluate bench-evade bench-edit \
+	bench-route bench-select-data bench-train-grpo bench-train-adagc bench-learn-program bench-agent clean
 
 setup: $(VENV)/.installed
 
@@ -31,7 +32,8 @@ test: setup
 test-slow: setup
 	$(PY) -m pytest -q -m slow
 
-bench: bench-compress bench-quantize bench-kvcache bench-evaluate bench-evade bench-edit
+bench: bench-compress bench-quantize bench-kvcache bench-evaluate bench-evade bench-edit \
+	bench-route bench-select-data bench-train-grpo bench-train-adagc bench-learn-program bench-agent
 
 bench-compress: setup
 	$(PY) benchmarks/compress.py
@@ -46,6 +48,18 @@ bench-evade: setup
 bench-edit: setup
 	$(PY) benchmarks/edit.py --sizes 1,10,100
 	$(PY) benchmarks/keystone_sft.py
+bench-route: setup
+	$(PY) benchmarks/route.py
+bench-select-data: setup
+	$(PY) benchmarks/select_data.py
+bench-train-grpo: setup
+	$(PY) benchmarks/train_grpo.py
+bench-train-adagc: setup
+	$(PY) benchmarks/train_adagc.py
+bench-learn-program: setup
+	$(PY) benchmarks/learn_program.py
+bench-agent: setup
+	$(PY) benchmarks/bench_agent.py
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache
