@@ -67,14 +67,19 @@ def bench_gem(args) -> dict:
     synth = np.array([s.startswith("synthetic") for s in sources])
     coarse = [s if not s.startswith("synthetic") else "synthetic" for s in sources]
     results, tax_print = [], None
+    # "gem-mm": GEM with the literal one-step per-sample quadratic-minoriser Q-step (--q-step mm), first seed
+    # only (slow): shows how far the MM steps get within max_iter compared with the exact Q-step (their limit).
+    names = ("gem", "gem-mm", "vmf", "movmf-em", "spherical-kmeans", "kmeans", "source")
     for seed in args.seeds:
-        for name in ("gem", "vmf", "movmf-em", "spherical-kmeans", "kmeans", "source"):
-            if name == "source" and seed != args.seeds[0]:
+        for name in names:
+            if name in ("source", "gem-mm") and seed != args.seeds[0]:
                 continue
             kw = {} if name == "source" else {"k": args.k, "cluster_seed": seed}
-            if name in ("gem", "vmf", "movmf-em"):
+            if name in ("gem", "gem-mm", "vmf", "movmf-em"):
                 kw["max_iter"] = args.max_iter
-            cfg = CLUSTERERS.build(name, **kw)
+            if name == "gem-mm":
+                kw["q_step"] = "mm"
+            cfg = CLUSTERERS.build("gem" if name == "gem-mm" else name, **kw)
             t = time.time()
             res, _ = run_clusterer(cfg, emb, sources)
             sec = time.time() - t
@@ -86,13 +91,48 @@ def bench_gem(args) -> dict:
                             "max_share": round(m["max_share"], 4), "min_share": round(m["min_share"], 4),
                             "synthetic_top2": round(top2, 3),
                             "nmi_source": round(float(normalized_mutual_info_score(coarse, res.labels)), 3),
-                            "seconds": round(sec, 1)})
+                            "iterations": int(res.iterations), "seconds": round(sec, 1)})
             info(str(results[-1]))
             if name == "gem" and seed == args.seeds[0]:
                 tax = taxonomy([r["text"] for r in rows], res.labels, gem.gis_scores(x, res), k, top_terms=4)
                 tax_print = [{"domain": t["domain"], "share": round(t["share"], 3), "name": t["name"]}
                              for t in sorted(tax, key=lambda t: -t["share"])]
-    return {"n_docs": len(rows), "embed_seconds": round(embed_s, 1), "rows": results, "gem_taxonomy": tax_print}
+    summary = gem_summary(results, names)
+    return {"n_docs": len(rows), "embed_seconds": round(embed_s, 1), "rows": results, "summary": summary,
+            "gates": gem_gates(summary, args.k), "gem_taxonomy": tax_print}
+
+
+def gem_summary(results: list[dict], names) -> list[dict]:
+    """Mean ± sd over seeds per method (sd 0 for a single seed)."""
+    out = []
+    for name in names:
+        rs = [r for r in results if r["method"] == name]
+        if not rs:
+            continue
+        row = {"method": name, "seeds": len(rs)}
+        for key in ("norm_entropy", "max_share", "min_share", "synthetic_top2", "nmi_source"):
+            v = np.array([r[key] for r in rs], dtype=float)
+            row[key] = round(float(v.mean()), 4)
+            row[key + "_sd"] = round(float(v.std(ddof=1)), 4) if len(v) > 1 else 0.0
+        out.append(row)
+    return out
+
+
+def gem_gates(summary: list[dict], k: int) -> dict:
+    """The issue's intrinsic gates on seed means: GEM entropy ≥ 0.98 and ≥ movMF-EM's and K-Means's; GEM's
+    largest share ≤ 0.5 × K-Means's; GEM's smallest share ≥ 0.5 %."""
+    by = {r["method"]: r for r in summary}
+    g, em, km = by.get("gem"), by.get("movmf-em"), by.get("kmeans")
+    if not (g and em and km):
+        return {}
+    cap = 0.5 * km["max_share"]
+    return {"entropy_ge_0.98": g["norm_entropy"] >= 0.98,
+            "entropy_ge_movmf_em": g["norm_entropy"] >= em["norm_entropy"],
+            "entropy_ge_kmeans": g["norm_entropy"] >= km["norm_entropy"],
+            "max_share_le_half_kmeans": g["max_share"] <= cap, "half_kmeans_max_share": round(cap, 4),
+            "uniform_share_1_over_k": round(1.0 / k, 4),
+            "max_share_gate_attainable": cap >= 1.0 / k,  # no partition into K parts has a largest share < 1/K
+            "min_share_ge_0.005": g["min_share"] >= 0.005}
 
 
 def shift_pool(per_gen: int, seed: int = 0) -> list[dict]:
@@ -163,7 +203,7 @@ def main() -> None:
     ap.add_argument("--austen", type=int, default=500)
     ap.add_argument("--synthetic", type=int, default=490)
     ap.add_argument("--k", type=int, default=24)
-    ap.add_argument("--max-iter", type=int, default=25)
+    ap.add_argument("--max-iter", type=int, default=200, help="GEM / vMF / movMF-EM iterations (spec default 200)")
     ap.add_argument("--seeds", type=lambda s: [int(x) for x in s.split(",")], default=[0])
     ap.add_argument("--model", default="smollm2-135m")
     ap.add_argument("--pool-per-gen", type=int, default=10)
@@ -190,7 +230,10 @@ def main() -> None:
     if "gem" in result:
         g = result["gem"]
         a = result["args_gem"]
-        md += [f"## GEM intrinsic (MiniLM embeddings, {g['n_docs']} docs, K={a['k']}, seeds {a['seeds']})", "",
+        md += [f"## GEM intrinsic (MiniLM embeddings, {g['n_docs']} docs, K={a['k']}, seeds {a['seeds']}, "
+               f"max_iter {a['max_iter']})", "", "Mean ± sd over seeds:", "",
+               markdown_table(g.get("summary") or []), "",
+               "Gates (on seed means): `" + json.dumps(g.get("gates") or {}) + "`", "", "Per seed:", "",
                markdown_table(g["rows"]), "", "GEM taxonomy (GIS names):", "", markdown_table(g["gem_taxonomy"] or []), ""]
     if "shift" not in skip:
         result["shift"] = bench_shift(args)

@@ -62,20 +62,66 @@ def test_row_solver_is_the_maximiser():
         assert np.all(f(other) <= best + 1e-9)
 
 
+def _q_block(s, q, lam):
+    """The part of J that depends on Q (μ, κ fixed): Σ q·s + Σ H(q_i) − (λN/2)‖ρ − u‖²."""
+    rho = q.mean(0)
+    return float((q * s).sum() - (q * np.log(np.maximum(q, 1e-300))).sum()
+                 - 0.5 * lam * len(q) * ((rho - 1.0 / q.shape[1]) ** 2).sum())
+
+
+def test_exact_q_step_is_the_limit_of_the_mm_steps():
+    rng = np.random.default_rng(2)
+    n, k, lam = 300, 5, 5000.0
+    s = rng.normal(scale=20, size=(n, k)) + np.array([40.0, 10, 0, 0, 0])  # cluster 0 over-full under λ = 0
+    q, t = gem.balanced_softmax(s, lam)
+    assert np.allclose(q.sum(1), 1)
+    assert np.allclose(t, lam * (q.mean(0) - 1.0 / k), atol=1e-5)  # KKT: price t = λ(ρ − u)
+    best = _q_block(s, q, lam)
+    for _ in range(100):  # no perturbation on the simplex does better (strictly concave block)
+        other = np.clip(q + rng.normal(scale=1e-3, size=q.shape), 1e-12, None)
+        other /= other.sum(1, keepdims=True)
+        assert _q_block(s, other, lam) <= best + 1e-6
+    # the per-sample quadratic-minoriser MM steps increase the block monotonically towards it
+    cfg = gem.VMFSettings(k=k, lam=lam, q_step="mm")
+    qm = np.exp(s - gem._logsumexp(s))
+    vals = [_q_block(s, qm, lam)]
+    for _ in range(30):
+        qm = gem._q_step(s, qm, cfg)
+        vals.append(_q_block(s, qm, lam))
+    assert np.all(np.diff(vals) >= -1e-7 * np.abs(vals[1:]))
+    assert vals[-1] <= best + 1e-6 and vals[-1] > vals[0]
+
+
 def test_gem_monotone_and_balanced_vs_em():
     x, _ = cone()
     res = {}
     for lam in (0.0, 5000.0):
         cfg = gem.VMFSettings(k=8, lam=lam, balance="quadratic" if lam else "none", kappa="tied",
-                              kappa_solver="newton", max_iter=12)
+                              kappa_solver="newton", max_iter=30)
         r = gem.fit_vmf(x, cfg)
         tr = np.array(r.trace)
         assert np.all(np.diff(tr) >= -1e-9 * np.abs(tr[1:])), "J decreased"
         res[lam] = gem.intrinsic(r.labels, 8)
-    em = gem.fit_vmf(x, gem.VMFSettings(k=8, lam=0, balance="none", prior="learned", max_iter=12))
+    # the literal one-step MM Q-step is monotone too (fewer iterations: it is slow)
+    r = gem.fit_vmf(x[:600], gem.VMFSettings(k=8, q_step="mm", kappa="tied", kappa_solver="newton", max_iter=6))
+    tr = np.array(r.trace)
+    assert np.all(np.diff(tr) >= -1e-9 * np.abs(tr[1:])), "J decreased (mm)"
+    em = gem.fit_vmf(x, gem.VMFSettings(k=8, lam=0, balance="none", prior="learned", max_iter=30))
     em_m = gem.intrinsic(em.labels, 8)
-    assert res[5000.0]["norm_entropy"] > em_m["norm_entropy"]
-    assert res[5000.0]["max_share"] < em_m["max_share"] - 0.03
+    # planted shares 0.40 … 0.03: EM keeps a giant cluster; GEM balances the HARD (argmax) shares
+    assert em_m["max_share"] > 0.25
+    assert res[5000.0]["norm_entropy"] > 0.99 > em_m["norm_entropy"]
+    assert res[5000.0]["max_share"] < em_m["max_share"] - 0.1
+    assert res[5000.0]["min_share"] > 2 * em_m["min_share"]
+
+
+def test_gem_default_balances_hard_shares():
+    x, _ = cone(seed=3)
+    r = gem.fit_vmf(x, gem.VMFSettings(k=8, max_iter=40))  # defaults: λ = 5000, free approx κ, exact Q-step
+    m = gem.intrinsic(r.labels, 8)
+    assert m["norm_entropy"] > 0.99 and m["max_share"] < 0.2 and m["min_share"] > 0.08
+    # hard shares follow the soft ones (rows are near one-hot at κ ~ 10²), no post-hoc rebalancing
+    assert np.max(np.abs(gem.shares(r.labels, 8) - r.q.mean(0))) < 0.03
 
 
 def test_gem_recovers_planted_equal_mixture():

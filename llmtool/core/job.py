@@ -87,8 +87,12 @@ def config_dict(config: Any) -> dict:
 @contextlib.contextmanager
 def job(command: str, out: Path | str, *, overwrite: bool = False, config: Any = None, model: str | None = None,
         inputs: tuple = (), check_model: bool = True, seed: int | None = None,
-        write_report: bool = True) -> Iterator[Job]:
-    """Run a command's work into a temporary directory that becomes ``out`` on success."""
+        write_report: bool = True, check_config: Any = None) -> Iterator[Job]:
+    """Run a command's work into a temporary directory that becomes ``out`` on success.
+
+    ``check_config(path, config_dict)`` runs the command's own cheap checks of the checkpoint's
+    config.json (architecture, already-quantized, ...) before the weights are read, so a checkpoint
+    that is wrong in several ways is refused for the reason that concerns the command."""
     from llmtool.core.checkpoint import atomic_output, check_output, write_provenance
 
     model_path = None
@@ -97,7 +101,9 @@ def job(command: str, out: Path | str, *, overwrite: bool = False, config: Any =
 
         model_path = resolve_model(model)
         if check_model:
-            check_causal_lm(model_path)
+            config_json = check_causal_lm(model_path)
+            if check_config is not None:
+                check_config(model_path, config_json)
             check_weights(model_path)  # safetensors headers, pickle-only refusal: before any work
     in_paths = tuple(Path(p) for p in inputs) + ((model_path,) if model_path is not None else ())
     out_path = check_output(Path(out), overwrite, inputs=in_paths)

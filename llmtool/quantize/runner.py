@@ -34,9 +34,8 @@ def run_quantize(model, out: Path, cfg, calib_data: str, calib_samples: int, cal
     cfg = dataclasses.replace(cfg, seed=OPTIONS.seed)
     cfg.validate()
     method = cfg.name
-    with job("quantize", out, overwrite=overwrite, config=cfg, model=model) as j:
-        src = j.model_path
-        config = read_config(src)
+
+    def check_config(src, config):
         require(config, "llmtool quantize", bias_free=True)
         if "llmtool_quant" in config:
             raise UsageError(f"{src}: already quantized by llmtool (config.json has llmtool_quant)")
@@ -45,6 +44,9 @@ def run_quantize(model, out: Path, cfg, calib_data: str, calib_samples: int, cal
                              "linear layers (quantize the original model instead)")
         if getattr(cfg, "rank", None) is not None and cfg.rank > config["hidden_size"]:
             raise UsageError(f"--rank {cfg.rank}: must be at most the hidden size {config['hidden_size']}")
+
+    with job("quantize", out, overwrite=overwrite, config=cfg, model=model, check_config=check_config) as j:
+        src = j.model_path
         tok, m = j.tokenizer, j.model
         needs_calib = cfg.weight_algorithm == "gptq" or getattr(cfg, "train_steps", 0) > 0
         calib = data_mod.calibration_batches(tok, calib_data, calib_samples, calib_seqlen, OPTIONS.seed) \

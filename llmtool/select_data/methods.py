@@ -28,7 +28,11 @@ class GEMConfig(MethodConfig):
     kappa_solver: str = option("approx", "κ from R̄: closed-form approximation or exact Newton.",
                                choices=("approx", "newton"))
     kappa_value: float = option(50.0, "κ when --kappa fixed.", min=0.0, exclusive_min=True)
-    max_iter: int = option(50, "Maximum MM iterations.", min=1)
+    q_step: str = option("exact", "Q-step for the quadratic balance: the exact maximiser over Q (the limit of the "
+                         "per-sample minoriser steps) or one per-sample quadratic-minoriser MM step.",
+                         choices=("exact", "mm"))
+    inner: int = option(1, "Q-steps per iteration with --q-step mm or --balance entropy.", min=1)
+    max_iter: int = option(200, "Maximum MM iterations (stops earlier at relative change of J < 1e-6).", min=1)
     n_init: int = option(1, "Restarts (best J kept).", min=1)
     cluster_seed: int = option(0, "Seed of the k-means++ initialisation.")
 
@@ -36,8 +40,8 @@ class GEMConfig(MethodConfig):
         from llmtool.select_data.gem import VMFSettings
 
         return VMFSettings(k=self.k, lam=self.lam, balance=self.balance, prior="fixed", kappa=self.kappa,
-                           kappa_solver=self.kappa_solver, kappa_value=self.kappa_value, max_iter=self.max_iter,
-                           n_init=self.n_init, seed=self.cluster_seed)
+                           kappa_solver=self.kappa_solver, kappa_value=self.kappa_value, q_step=self.q_step,
+                           inner=self.inner, max_iter=self.max_iter, n_init=self.n_init, seed=self.cluster_seed)
 
 
 @dataclass
@@ -52,7 +56,7 @@ class MovMFConfig(MethodConfig):
     name: ClassVar[str] = "movmf-em"
     help: ClassVar[str] = "Classical movMF EM: learned prior π ← ρ, free κ (Banerjee et al. 2005)."
     k: int = option(24, "Number of domains K.", min=2)
-    max_iter: int = option(50, "Maximum EM iterations.", min=1)
+    max_iter: int = option(200, "Maximum EM iterations (stops earlier at relative change of J < 1e-6).", min=1)
     cluster_seed: int = option(0, "Seed of the k-means++ initialisation.")
 
     def settings(self):
