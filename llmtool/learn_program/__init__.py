@@ -1,0 +1,1 @@
+"""LLM-PV propose-and-verify program learning (`llmtool learn-program`, `llmtool tasks`)."""

@@ -1,0 +1,268 @@
+"""Baselines for LLM-PV on the same splits (spec llm-pv §4): classical learners on the raw symbol
+vector, a small transformer trained from scratch by gradient descent, and in-context learning with a
+local model.
+
+Reconstructed choices (ours):
+- Features: one integer per input position (digits as their value, other characters as ``ord``),
+  right-padded with -1 to the longest input; no feature engineering (the paper's setting).
+- Classical learners fit on train, report train/val/test accuracy; XGBoost 300 trees depth 6 lr 0.1,
+  random forest 500 trees, logistic regression (lbfgs, C=1), MLP 2x256 Adam with early stopping.
+- ``transformer``: 2 layers, d 128, 4 heads, learned positions, [CLS] pooling, AdamW (lr 1e-3), full-batch
+  epochs; the epoch with the best validation accuracy is kept (validation used for model selection only).
+- ``icl``: every training example in the prompt then the query; instead of sampling an answer we score
+  the two possible answers ``{"label": "0"}`` / ``{"label": "1"}`` by their summed NLL under the model
+  and take the likelier one (deterministic, never unparsable); ``--queries`` test inputs (paper: 100).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar
+
+from llmtool.core.console import UsageError, progress
+from llmtool.core.registry import MethodConfig, Registry, option
+
+BASELINES = Registry("learn-program baseline")
+
+
+def encode(xs: list[str], width: int | None = None):
+    import numpy as np
+
+    width = width or max(len(x) for x in xs)
+    out = np.full((len(xs), width), -1, dtype=np.float32)
+    for i, x in enumerate(xs):
+        for j, ch in enumerate(x[:width]):
+            out[i, j] = int(ch) if ch.isdigit() else ord(ch)
+    return out
+
+
+def _acc(pred, ys) -> float:
+    import numpy as np
+
+    return float((np.asarray(pred).astype(int) == np.asarray(ys)).mean()) if len(ys) else float("nan")
+
+
+class _Sklearn(MethodConfig):
+    def make(self):  # pragma: no cover - abstract
+        raise NotImplementedError
+
+    def fit_eval(self, ds, model=None, tokenizer=None, seed: int = 0) -> dict:
+        import numpy as np
+
+        width = max(len(x) for x, _ in ds.train + ds.val + ds.test)
+        Xtr, ytr = encode([x for x, _ in ds.train], width), np.array([y for _, y in ds.train])
+        clf = self.make(seed)
+        clf.fit(Xtr, ytr)
+        res = {"train_acc": _acc(clf.predict(Xtr), ytr)}
+        for split in ("val", "test"):
+            rows = getattr(ds, split)
+            if rows:
+                res[f"{split}_acc"] = _acc(clf.predict(encode([x for x, _ in rows], width)), [y for _, y in rows])
+        return res
+
+
+@BASELINES.config
+@dataclass
+class XGBoostConfig(_Sklearn):
+    name: ClassVar[str] = "xgboost"
+    help: ClassVar[str] = "Gradient-boosted trees on the raw symbol vector (xgboost)."
+    n_estimators: int = option(300, "Number of trees.", min=1)
+    max_depth: int = option(6, "Tree depth.", min=1)
+    lr: float = option(0.1, "Learning rate.", min=0.0, exclusive_min=True)
+
+    def make(self, seed):
+        from xgboost import XGBClassifier
+
+        return XGBClassifier(n_estimators=self.n_estimators, max_depth=self.max_depth, learning_rate=self.lr,
+                             random_state=seed, n_jobs=1, verbosity=0)
+
+
+@BASELINES.config
+@dataclass
+class RandomForestConfig(_Sklearn):
+    name: ClassVar[str] = "random-forest"
+    help: ClassVar[str] = "Random forest (scikit-learn)."
+    n_estimators: int = option(500, "Number of trees.", min=1)
+
+    def make(self, seed):
+        from sklearn.ensemble import RandomForestClassifier
+
+        return RandomForestClassifier(n_estimators=self.n_estimators, random_state=seed, n_jobs=1)
+
+
+@BASELINES.config
+@dataclass
+class LogRegConfig(_Sklearn):
+    name: ClassVar[str] = "logreg"
+    help: ClassVar[str] = "Logistic regression (scikit-learn)."
+    c: float = option(1.0, "Inverse regularisation strength C.", min=0.0, exclusive_min=True)
+
+    def make(self, seed):
+        from sklearn.linear_model import LogisticRegression
+
+        return LogisticRegression(C=self.c, max_iter=2000, random_state=seed)
+
+
+@BASELINES.config
+@dataclass
+class MLPConfig(_Sklearn):
+    name: ClassVar[str] = "mlp"
+    help: ClassVar[str] = "MLP 2x256, Adam, early stopping (scikit-learn)."
+    hidden: int = option(256, "Units per hidden layer (two layers).", min=1)
+
+    def make(self, seed):
+        from sklearn.neural_network import MLPClassifier
+
+        return MLPClassifier(hidden_layer_sizes=(self.hidden, self.hidden), early_stopping=True,
+                             max_iter=500, random_state=seed)
+
+
+@BASELINES.config
+@dataclass
+class TransformerConfig(MethodConfig):
+    name: ClassVar[str] = "transformer"
+    help: ClassVar[str] = "Small transformer classifier trained from scratch by gradient descent."
+    layers: int = option(2, "Transformer layers.", min=1)
+    d_model: int = option(128, "Model width.", min=8)
+    epochs: int = option(200, "Full-batch training epochs.", min=1)
+    lr: float = option(1e-3, "AdamW learning rate.", min=0.0, exclusive_min=True)
+
+    def validate(self) -> None:
+        super().validate()
+        if self.d_model % 4:
+            raise UsageError(f"--d-model {self.d_model}: must be divisible by 4 (4 attention heads)")
+
+    def fit_eval(self, ds, model=None, tokenizer=None, seed: int = 0) -> dict:
+        import torch
+        from torch import nn
+
+        torch.manual_seed(seed)
+        chars = sorted({c for x, _ in ds.train + ds.val + ds.test for c in x})
+        vocab = {c: i + 2 for i, c in enumerate(chars)}  # 0 pad, 1 cls
+        width = max(len(x) for x, _ in ds.train + ds.val + ds.test) + 1
+
+        def tens(rows):
+            ids = torch.zeros((len(rows), width), dtype=torch.long)
+            for i, (x, _) in enumerate(rows):
+                ids[i, 0] = 1
+                ids[i, 1:len(x) + 1] = torch.tensor([vocab[c] for c in x])
+            return ids, torch.tensor([y for _, y in rows])
+
+        class Net(nn.Module):
+            def __init__(s):
+                super().__init__()
+                s.emb = nn.Embedding(len(vocab) + 2, self.d_model, padding_idx=0)
+                s.pos = nn.Parameter(torch.randn(width, self.d_model) * 0.02)
+                layer = nn.TransformerEncoderLayer(self.d_model, 4, 4 * self.d_model, dropout=0.1, batch_first=True)
+                s.enc = nn.TransformerEncoder(layer, self.layers)
+                s.head = nn.Linear(self.d_model, 2)
+
+            def forward(s, ids):
+                h = s.enc(s.emb(ids) + s.pos, src_key_padding_mask=ids == 0)
+                return s.head(h[:, 0])
+
+        net = Net()
+        opt = torch.optim.AdamW(net.parameters(), lr=self.lr, weight_decay=0.01)
+        Xtr, ytr = tens(ds.train)
+        Xva, yva = tens(ds.val)
+
+        def acc(X, y):
+            net.eval()
+            with torch.no_grad():
+                out = torch.cat([net(X[i:i + 1024]).argmax(-1) for i in range(0, len(X), 1024)])
+            net.train()
+            return float((out == y).float().mean())
+
+        best, best_state = -1.0, None
+        for _ in progress(range(self.epochs), "transformer epochs"):
+            opt.zero_grad()
+            loss = nn.functional.cross_entropy(net(Xtr), ytr)
+            loss.backward()
+            opt.step()
+            v = acc(Xva, yva) if len(ds.val) else 0.0
+            if v > best:
+                best, best_state = v, {k: t.clone() for k, t in net.state_dict().items()}
+        net.load_state_dict(best_state)
+        res = {"train_acc": acc(Xtr, ytr), "val_acc": acc(Xva, yva) if ds.val else float("nan")}
+        if ds.test:
+            res["test_acc"] = acc(*tens(ds.test))
+        return res
+
+
+@BASELINES.config
+@dataclass
+class ICLConfig(MethodConfig):
+    name: ClassVar[str] = "icl"
+    help: ClassVar[str] = "In-context learning with a local model (answers scored by NLL)."
+    queries: int = option(100, "Test queries (paper: 100).", min=1)
+    needs_model: ClassVar[bool] = True
+
+    def fit_eval(self, ds, model=None, tokenizer=None, seed: int = 0) -> dict:
+        from llmtool.core.lm import chat_prompt
+
+        if model is None:
+            raise UsageError("--method icl needs --model MODEL (a local model directory or alias)")
+        lines = "\n".join(f"{x} -> {y}" for x, y in ds.train)
+        head = ("Each input string has a binary label 0 or 1 given by a fixed rule. Examples:\n" + lines +
+                '\n\nGive the label of the next input as a JSON object {"label": "0"} or {"label": "1"}.\nInput: ')
+        res: dict = {}
+        for split, n in (("val", self.queries), ("test", self.queries)):
+            rows = getattr(ds, split)[:n]
+            if not rows:
+                continue
+            prompts = [chat_prompt(tokenizer, head + x) for x, _ in rows]
+            nll0, nll1 = answer_nll(model, tokenizer, prompts, ['{"label": "0"}', '{"label": "1"}'])
+            pred = [int(b < a) for a, b in zip(nll0, nll1)]
+            res[f"{split}_acc"] = _acc(pred, [y for _, y in rows])
+            res[f"{split}_queries"] = len(rows)
+        return res
+
+
+def answer_nll(model, tokenizer, prompts: list[str], answers: list[str]) -> list[list[float]]:
+    """Summed NLL of each answer after each prompt: ``out[a][i]`` for answer a and prompt i.
+
+    Same tokenization as :func:`llmtool.core.lm.completion_nll` (prompt and answer tokenized apart,
+    then concatenated), but the long shared part of the prompts (every training example) is prefilled
+    once: its KV cache is reused for every query and cropped back after each, so a query costs its own
+    few tokens instead of the whole prompt.
+    """
+    import torch
+
+    from llmtool.core.lm import completion_nll
+    from llmtool.learn_program.proposers import cache_kwarg, output_cache
+
+    pids = [tokenizer(p, add_special_tokens=False)["input_ids"] for p in prompts]
+    aids = [tokenizer(a, add_special_tokens=False)["input_ids"] for a in answers]
+    if not pids:
+        return [[] for _ in answers]
+    shared = min(len(p) for p in pids) - 1
+    for p in pids[1:]:
+        i = 0
+        while i < shared and p[i] == pids[0][i]:
+            i += 1
+        shared = i
+    dev = next(model.parameters()).device
+    cache = None
+    if shared > 0:
+        with torch.no_grad():
+            cache = output_cache(model(input_ids=torch.tensor([pids[0][:shared]], device=dev), use_cache=True))
+    if cache is None or not getattr(cache, "is_croppable", False):
+        return [completion_nll(model, tokenizer, prompts, [a] * len(prompts), batch_size=4) for a in answers]
+    out: list[list[float]] = [[] for _ in answers]
+    with torch.no_grad():
+        for p in pids:
+            for j, a in enumerate(aids):
+                rest = p[shared:] + a
+                logits = model(input_ids=torch.tensor([rest], device=dev), use_cache=True,
+                               **cache_kwarg(model, cache)).logits[0].float()
+                cache.crop(-len(rest))  # back to the shared prefix (negative: tokens to remove)
+                # logits[t] predicts rest[t + 1]; the answer starts at index len(p) - shared of rest
+                start = len(p) - shared
+                lp = torch.log_softmax(logits[start - 1:len(rest) - 1], dim=-1)
+                tgt = torch.tensor(a, device=lp.device)
+                out[j].append(float(-lp.gather(1, tgt[:, None]).sum()))
+    return out
+
+
+def run_baseline(cfg: MethodConfig, ds, model=None, tokenizer=None, seed: int = 0) -> dict:
+    return cfg.fit_eval(ds, model=model, tokenizer=tokenizer, seed=seed)
