@@ -10,6 +10,12 @@ back at the end so the caller gets an ordinary model. Areas pass their own ``Tra
 Why transformers' Trainer rather than a loop of our own: it already handles accelerate's device
 placement, mixed precision, gradient accumulation, checkpoint/resume and multi-GPU launch, which is
 exactly what must not be re-implemented per area.
+
+Pretraining: :func:`pack_texts` turns a corpus into fixed-length ``{"input_ids"}`` blocks that
+:func:`sft` accepts as examples. Gradient transforms (AdaGC and the other clipping policies of
+``llmtool train``) plug in through :class:`ClipCallback` with the Trainer's own clipping off
+(``max_grad_norm=0``); it writes one metrics JSONL record per optimizer update and saves/restores the
+transform's state next to the optimizer's in every ``checkpoint-*`` directory.
 """
 from __future__ import annotations
 
@@ -80,7 +86,10 @@ def encode_examples(tokenizer, examples: Sequence[dict], max_length: int) -> lis
     eos = tokenizer.eos_token_id
     rows = []
     for i, ex in enumerate(examples):
-        if "text" in ex:
+        if "input_ids" in ex:  # pre-tokenised (e.g. packed pretraining blocks): every token is a target
+            ids = list(ex["input_ids"])
+            labels = list(ex.get("labels", ids))
+        elif "text" in ex:
             ids = tokenizer(ex["text"], add_special_tokens=False)["input_ids"] + ([eos] if eos is not None else [])
             labels = list(ids)
         elif "prompt" in ex and "completion" in ex:
@@ -197,3 +206,93 @@ def sft(model, tokenizer, examples: Sequence[dict], args: TrainArgs | None = Non
     return {"train_loss": float(result.training_loss), "steps": int(trainer.state.global_step),
             "seconds": round(seconds, 3), "examples": len(rows), "log_history": history,
             "args": asdict(args)}
+
+
+def pack_texts(tokenizer, texts: Sequence[str], block: int, max_blocks: int | None = None) -> list[dict]:
+    """Concatenate ``texts`` (each followed by EOS) and cut into ``block``-token ``{"input_ids"}`` rows
+    (the ragged tail is dropped)."""
+    if block < 2:
+        raise UsageError(f"--max-length {block}: must be >= 2 for pretraining blocks")
+    eos = tokenizer.eos_token_id
+    stream: list[int] = []
+    for t in texts:
+        stream.extend(tokenizer(t, add_special_tokens=False)["input_ids"])
+        if eos is not None:
+            stream.append(eos)
+        if max_blocks is not None and len(stream) >= block * max_blocks:
+            break
+    n = len(stream) // block
+    if max_blocks is not None:
+        n = min(n, max_blocks)
+    if n == 0:
+        raise UsageError(f"the text has {len(stream)} tokens, fewer than one block of {block}")
+    return [{"input_ids": stream[i * block:(i + 1) * block]} for i in range(n)]
+
+
+CLIP_STATE_NAME = "clipper_state.json"
+
+
+def _trainer_callback_base():
+    from transformers import TrainerCallback
+
+    return TrainerCallback
+
+
+class ClipCallback(_trainer_callback_base()):
+    """Runs ``clipper.clip_()`` once per optimizer update (after gradient accumulation, before
+    ``optimizer.step()``), writes per-update metrics and keeps the clipper's state in checkpoints.
+
+    ``clipper``: any object with ``clip_() -> stats`` (``stats.as_dict()``), ``state_dict()`` and
+    ``load_state_dict()``. ``pre_step(step, model, optimizer)`` / ``post_step(step, model, optimizer)``:
+    optional hooks around the clip and the optimizer step (fault injection). ``metrics_path``: JSONL, one
+    record per logged update (use ``logging_steps=1`` for every update) with the Trainer's loss and lr and
+    the clip statistics of that update."""
+
+    def __init__(self, clipper, metrics_path: Path | None = None, pre_step=None, post_step=None):
+        self.clipper = clipper
+        self.metrics_path = Path(metrics_path) if metrics_path is not None else None
+        self.pre_step, self.post_step = pre_step, post_step
+        self.last: dict = {}
+        self.records: list[dict] = []
+        self._fh = None
+
+    def on_train_begin(self, args, state, control, **kw):
+        if state.global_step > 0:  # resumed: the Trainer restored its state before this event
+            path = Path(args.output_dir) / f"checkpoint-{state.global_step}" / CLIP_STATE_NAME
+            if not path.is_file():
+                raise UsageError(f"cannot resume: {path.parent.name} has no {CLIP_STATE_NAME} (clipper state)")
+            self.clipper.load_state_dict(json.loads(path.read_text()))
+        if self.metrics_path is not None:
+            self._fh = open(self.metrics_path, "a" if state.global_step > 0 else "w")
+
+    def on_pre_optimizer_step(self, args, state, control, model=None, optimizer=None, **kw):
+        step = state.global_step + 1
+        if self.pre_step is not None:
+            self.pre_step(step, model, optimizer)
+        stats = self.clipper.clip_()
+        self.last = stats.as_dict() if hasattr(stats, "as_dict") else dict(stats)
+
+    def on_optimizer_step(self, args, state, control, model=None, optimizer=None, **kw):
+        if self.post_step is not None:
+            self.post_step(state.global_step + 1, model, optimizer)
+
+    def on_log(self, args, state, control, logs=None, **kw):
+        logs = dict(logs or {})
+        if "loss" not in logs:  # end-of-training summary, not a step record
+            return
+        rec = {"step": state.global_step, "loss": logs.get("loss"), "lr": logs.get("learning_rate")}
+        rec.update({k: v for k, v in self.last.items() if k != "step"})
+        self.records.append(rec)
+        if self._fh is not None:
+            self._fh.write(json.dumps(rec) + "\n")
+            self._fh.flush()
+
+    def on_save(self, args, state, control, **kw):
+        ckpt = Path(args.output_dir) / f"checkpoint-{state.global_step}"
+        if ckpt.is_dir():
+            (ckpt / CLIP_STATE_NAME).write_text(json.dumps(self.clipper.state_dict()))
+
+    def on_train_end(self, args, state, control, **kw):
+        if self._fh is not None:
+            self._fh.close()
+            self._fh = None

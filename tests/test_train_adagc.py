@@ -1,0 +1,292 @@
+"""AdaGC and the clipping policies: the spec's acceptance tests 1-11 on hand-made parameters."""
+from __future__ import annotations
+
+import copy
+import math
+
+import pytest
+import torch
+
+from llmtool.core.console import UsageError
+from llmtool.train.adagc import AdaGCClipper
+from llmtool.train.clipping import CLIPPERS, GlobalClip, attach_to_optimizer, refuse_deepspeed_zero
+from llmtool.train.faults import Faults, parse_grad_spike
+from llmtool.train.pretrain import Lion
+from llmtool.train.spikes import spike_score
+
+
+def params_with_grads(*grads):
+    out = []
+    for i, g in enumerate(grads):
+        p = torch.nn.Parameter(torch.zeros(len(g), dtype=torch.float64))
+        p.grad = torch.tensor(g, dtype=torch.float64)
+        out.append((f"p{i}", p))
+    return out
+
+
+def norms(named):
+    return [float(p.grad.norm()) for _, p in named]
+
+
+def test_worked_example_warmup():  # acceptance 3
+    ps = params_with_grads([3.0, 4.0], [12.0])
+    c = AdaGCClipper(ps, lambda_abs=6.5, eps=0.0, warmup=10)
+    st = c.clip_()
+    assert norms(ps) == pytest.approx([2.5, 6.0], abs=1e-12)
+    assert [c.gamma["p0"], c.gamma["p1"]] == pytest.approx([2.5, 6.0])
+    assert st.stage == "warmup" and st.grad_norm == pytest.approx(13.0)
+    ps[0][1].grad = torch.tensor([6.0, 0.0], dtype=torch.float64)
+    ps[1][1].grad = torch.tensor([8.0], dtype=torch.float64)
+    c.clip_()
+    assert norms(ps) == pytest.approx([3.9, 5.2])
+    assert [c.gamma["p0"], c.gamma["p1"]] == pytest.approx([2.5, 5.2])  # running minimum
+
+
+def test_warmup_raw_reference():
+    ps = params_with_grads([3.0, 4.0], [12.0])
+    c = AdaGCClipper(ps, lambda_abs=6.5, eps=0.0, warmup=10, warmup_ref="raw")
+    c.clip_()
+    assert [c.gamma["p0"], c.gamma["p1"]] == pytest.approx([5.0, 12.0])  # Paddle: raw norms
+
+
+def test_adaptive_step_worked_example():  # acceptance 4 and 6 (previous-gamma rule)
+    ps = params_with_grads([10.0], [0.0, 4.0])
+    c = AdaGCClipper(ps, lambda_rel=1.05, beta=0.98, warmup=0, eps=0.0)
+    c.gamma = {"p0": 2.0, "p1": 5.0}
+    st = c.clip_()
+    assert st.stage == "adaptive"
+    assert norms(ps) == pytest.approx([2.1, 4.0])
+    assert [c.gamma["p0"], c.gamma["p1"]] == pytest.approx([2.002, 4.98])
+    # An implementation that updated the EMA first would clip p0 to 1.05 * (0.98*2 + 0.02*10) = 2.268.
+    assert norms(ps)[0] != pytest.approx(1.05 * (0.98 * 2.0 + 0.02 * 10.0))
+
+
+def test_hand_computed_sequence():  # exactness over several updates, both stages
+    seq = [([3.0, 4.0], [12.0]), ([6.0, 8.0], [1.0]), ([30.0, 40.0], [2.0]), ([0.3, 0.4], [50.0])]
+    lam_abs, lam_rel, beta, warm = 6.5, 1.05, 0.98, 2
+    ps = params_with_grads(*seq[0])
+    c = AdaGCClipper(ps, lambda_abs=lam_abs, lambda_rel=lam_rel, beta=beta, warmup=warm, eps=0.0)
+    gamma = None
+    for t, (a, b) in enumerate(seq, start=1):
+        ps[0][1].grad = torch.tensor(a, dtype=torch.float64)
+        ps[1][1].grad = torch.tensor(b, dtype=torch.float64)
+        raw = [math.hypot(*a), abs(b[0])]
+        if t <= warm:
+            h = min(1.0, lam_abs / math.hypot(*raw))
+            clipped = [h * r for r in raw]
+            gamma = clipped if gamma is None else [min(g, x) for g, x in zip(gamma, clipped)]
+        else:
+            hs = [min(1.0, lam_rel * g / r) for g, r in zip(gamma, raw)]
+            clipped = [h * r for h, r in zip(hs, raw)]
+            gamma = [beta * g + (1 - beta) * x for g, x in zip(gamma, clipped)]
+        c.clip_()
+        assert norms(ps) == pytest.approx(clipped, rel=1e-12)
+        assert [c.gamma["p0"], c.gamma["p1"]] == pytest.approx(gamma, rel=1e-12)
+    assert c.step == len(seq)
+
+
+def test_huge_thresholds_are_identity_and_match_unclipped_adamw():  # acceptance 1
+    torch.manual_seed(0)
+    m1 = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Tanh(), torch.nn.Linear(8, 1))
+    m2 = copy.deepcopy(m1)
+    c = AdaGCClipper(m2.named_parameters(), lambda_abs=1e30, lambda_rel=1e30, warmup=3)
+    o1, o2 = torch.optim.AdamW(m1.parameters(), lr=1e-2), torch.optim.AdamW(m2.parameters(), lr=1e-2)
+    x, y = torch.randn(16, 4), torch.randn(16, 1)
+    for _ in range(50):
+        for m, o in ((m1, o1), (m2, o2)):
+            o.zero_grad()
+            torch.nn.functional.mse_loss(m(x), y).backward()
+        before = [p.grad.clone() for p in m2.parameters()]
+        c.clip_()
+        assert all(torch.equal(b, p.grad) for b, p in zip(before, m2.parameters()))
+        o1.step()
+        o2.step()
+    assert all(torch.equal(a, b) for a, b in zip(m1.parameters(), m2.parameters()))
+
+
+def test_warmup_equals_clip_grad_norm():  # acceptance 2
+    torch.manual_seed(1)
+    ps = [(f"w{i}", torch.nn.Parameter(torch.randn(5, 3))) for i in range(3)]
+    for _, p in ps:
+        p.grad = torch.randn_like(p) * 3
+    ref = [p.grad.clone() for _, p in ps]
+    c = AdaGCClipper(ps, lambda_abs=1.0, warmup=5, eps=1e-6)
+    c.clip_()
+    refp = [torch.nn.Parameter(torch.zeros(5, 3)) for _ in ref]
+    for p, g in zip(refp, ref):
+        p.grad = g
+    torch.nn.utils.clip_grad_norm_(refp, max_norm=1.0)
+    for (_, p), r in zip(ps, refp):
+        assert torch.allclose(p.grad, r.grad, atol=1e-7)
+
+
+def test_locality_of_injected_spike():  # acceptance 5
+    torch.manual_seed(2)
+    ps = [(f"w{i}", torch.nn.Parameter(torch.randn(4, 4))) for i in range(4)]
+    c = AdaGCClipper(ps, warmup=1)
+    for _, p in ps:
+        p.grad = torch.randn_like(p)
+    c.clip_()
+    grads = [torch.randn(4, 4) * 0.5 for _ in ps]  # norms below gamma*lambda_rel mostly; make sure:
+    for (n, p), g in zip(ps, grads):
+        g.mul_(0.5 * c.gamma[n] / float(g.norm()))
+        p.grad = g.clone()
+    prev = dict(c.gamma)
+    ps[2][1].grad.mul_(1e3)
+    c.clip_()
+    for i, ((n, p), g) in enumerate(zip(ps, grads)):
+        if i == 2:
+            assert float(p.grad.norm()) == pytest.approx(c.lambda_rel * prev[n], rel=1e-4)
+        else:
+            assert torch.equal(p.grad, g)
+    # GlobalGC scales every tensor instead
+    for (_, p), g in zip(ps, grads):
+        p.grad = g.clone()
+    ps[2][1].grad.mul_(1e3)
+    GlobalClip(ps, 1.0).clip_()
+    assert not torch.equal(ps[0][1].grad, grads[0])
+
+
+def test_zero_gradients_no_nan_and_no_freeze():  # acceptance 7
+    ps = params_with_grads([0.0, 0.0], [1.0])
+    c = AdaGCClipper(ps, warmup=2)
+    for _ in range(2):
+        ps[0][1].grad = torch.zeros(2, dtype=torch.float64)
+        ps[1][1].grad = torch.tensor([1.0], dtype=torch.float64)
+        c.clip_()
+    assert c.gamma["p0"] == 0.0
+    ps[0][1].grad = torch.tensor([3.0, 4.0], dtype=torch.float64)
+    c.clip_()
+    assert norms(ps)[0] == pytest.approx(5.0) and c.gamma["p0"] == pytest.approx(5.0)  # re-seeded, not frozen
+    ps[0][1].grad = torch.zeros(2, dtype=torch.float64)
+    st = c.clip_()
+    assert all(math.isfinite(x) for x in (st.factor_min, st.factor_max, c.gamma["p0"]))
+
+
+def _train(model, clipper, opt, steps, x, y, micro=1):
+    for _ in range(steps):
+        opt.zero_grad()
+        for k in range(micro):
+            torch.nn.functional.mse_loss(model(x[k::micro]), y[k::micro]).backward()
+        clipper.clip_()
+        opt.step()
+
+
+def test_exact_resume():  # acceptance 8
+    torch.manual_seed(3)
+    x, y = torch.randn(32, 4), torch.randn(32, 1) * 5
+    m = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Tanh(), torch.nn.Linear(8, 1))
+    m_b = copy.deepcopy(m)
+    c = AdaGCClipper(m.named_parameters(), warmup=10)
+    o = torch.optim.AdamW(m.parameters(), lr=1e-2)
+    _train(m, c, o, 60, x, y)
+
+    c_b = AdaGCClipper(m_b.named_parameters(), warmup=10)
+    o_b = torch.optim.AdamW(m_b.parameters(), lr=1e-2)
+    _train(m_b, c_b, o_b, 30, x, y)
+    saved = copy.deepcopy((m_b.state_dict(), o_b.state_dict(), c_b.state_dict()))
+    m_r = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Tanh(), torch.nn.Linear(8, 1))
+    m_r.load_state_dict(saved[0])
+    o_r = torch.optim.AdamW(m_r.parameters(), lr=1e-2)
+    o_r.load_state_dict(saved[1])
+    c_r = AdaGCClipper(m_r.named_parameters(), warmup=10)
+    c_r.load_state_dict(saved[2])
+    _train(m_r, c_r, o_r, 30, x, y)
+    assert c_r.step == 60 and c_r.gamma == c.gamma
+    assert all(torch.equal(a, b) for a, b in zip(m.parameters(), m_r.parameters()))
+
+
+def test_optimizer_agnostic_via_step_pre_hook():  # acceptance 9
+    outs = {}
+    for name, make in (("sgd", lambda p: torch.optim.SGD(p, lr=0.1)), ("adamw", lambda p: torch.optim.AdamW(p)),
+                       ("lion", lambda p: Lion(p, lr=1e-3))):
+        torch.manual_seed(4)
+        m = torch.nn.Linear(3, 2)
+        c = AdaGCClipper(m.named_parameters(), warmup=0, lambda_rel=0.5)
+        c.gamma = {"weight": 0.1, "bias": 0.1}
+        opt = make(m.parameters())
+        seen = []
+        attach_to_optimizer(opt, c, on_stats=seen.append)
+        torch.nn.functional.mse_loss(m(torch.randn(8, 3)), torch.randn(8, 2) * 10).backward()
+        opt.step()
+        assert len(seen) == 1 and c.step == 1
+        outs[name] = [p.grad.clone() for p in m.parameters()]
+    assert all(torch.equal(a, b) for a, b in zip(outs["sgd"], outs["adamw"]))
+    assert all(torch.equal(a, b) for a, b in zip(outs["sgd"], outs["lion"]))
+
+
+def test_accumulation_clips_once_per_update():  # acceptance 10
+    m = torch.nn.Linear(4, 1)
+    c = AdaGCClipper(m.named_parameters(), warmup=2)
+    _train(m, c, torch.optim.SGD(m.parameters(), lr=0.01), 3, torch.randn(16, 4), torch.randn(16, 1), micro=4)
+    assert c.step == 3
+
+
+def test_tied_parameters_clipped_once():
+    lin = torch.nn.Linear(3, 3, bias=False)
+    named = [("a", lin.weight), ("b", lin.weight)]
+    c = AdaGCClipper(named, warmup=1)
+    assert c.names == ["a"]
+
+
+def test_spike_score():  # acceptance 11
+    assert spike_score([1.0] * 300, window=100) == 0.0
+    torch.manual_seed(5)
+    x = (torch.randn(400, dtype=torch.float64) * 0.1 + 3.0).tolist()
+    x[250] = 3.0 + 20 * 0.1 * 10  # far beyond 10 sigma
+    assert spike_score(x, window=100, sigma=7) == pytest.approx(100.0 / 300)
+    assert spike_score([float("nan")] * 5, window=100) == 0.0
+
+
+def test_registry_and_presets():
+    assert {"none", "global", "local-fixed", "adagc", "zclip"} <= set(CLIPPERS.names())
+    cfg = CLIPPERS.build("adagc", adagc_preset="preprint")
+    assert cfg.resolved()["lambda_rel"] == 1.05 and cfg.resolved()["beta"] == 0.98
+    cfg = CLIPPERS.build("adagc")
+    assert cfg.resolved()["lambda_rel"] == 1.04 and cfg.resolved()["beta"] == 0.99 and cfg.adagc_warmup == 100
+    with pytest.raises(UsageError):
+        CLIPPERS.build("adagc", adagc_lambda_rel=-1.0)
+    with pytest.raises(UsageError):
+        CLIPPERS.build("global", max_grad_norm=-1.0)
+    # state round trip of every policy
+    for name in CLIPPERS.names():
+        ps = params_with_grads([1.0, 2.0], [3.0])
+        c = CLIPPERS.build(name).build(ps)
+        c.clip_()
+        c2 = CLIPPERS.build(name).build(params_with_grads([1.0, 2.0], [3.0]))
+        c2.load_state_dict(c.state_dict())
+        assert c2.state_dict() == c.state_dict()
+
+
+def test_local_fixed_and_zclip():
+    ps = params_with_grads([3.0, 4.0], [0.05])
+    CLIPPERS.build("local-fixed", local_max_norm=1.0).build(ps).clip_()
+    assert norms(ps) == pytest.approx([1.0, 0.05], rel=1e-5)
+    z = CLIPPERS.build("zclip", zclip_warmup=5).build(ps := params_with_grads([1.0]))
+    for v in (1.0, 1.1, 0.9, 1.05, 0.95):
+        ps[0][1].grad = torch.tensor([v], dtype=torch.float64)
+        z.clip_()
+    ps[0][1].grad = torch.tensor([100.0], dtype=torch.float64)
+    st = z.clip_()
+    assert st.n_clipped == 1 and norms(ps)[0] < 2.0
+
+
+def test_fault_parsing():
+    names = ["model.layers.0.self_attn.q_proj.weight", "model.embed_tokens.weight"]
+    f = parse_grad_spike("5:model.layers.0.self_attn.q_proj.weight:1e3:5", names)
+    assert (f.step, f.scale, f.steps) == (5, 1000.0, 5) and f.active(9) and not f.active(10)
+    for bad in ("x:a:1", "5:a", "0:model.embed_tokens.weight:2", "5:model.embed_tokens.weight:nan"):
+        with pytest.raises(UsageError):
+            parse_grad_spike(bad, names)
+    with pytest.raises(UsageError, match="close names: model.layers.0.self_attn.q_proj.weight"):
+        parse_grad_spike("5:model.layers.0.self_attn.q_proj.weigh:10", names)
+    fl = Faults.parse(garbage=["10:5"], lr_spikes=["20:30:3"])
+    assert fl.is_garbage(14) and not fl.is_garbage(15) and fl.lr_factor(22) == 30 and fl.lr_factor(23) == 1
+    with pytest.raises(UsageError):
+        Faults.parse(lr_spikes=["20:-1"])
+
+
+def test_deepspeed_zero2_refused():
+    refuse_deepspeed_zero(type("A", (), {"deepspeed": {"zero_optimization": {"stage": 1}}})())
+    with pytest.raises(UsageError, match="ZeRO stage 2"):
+        refuse_deepspeed_zero(type("A", (), {"deepspeed": {"zero_optimization": {"stage": 2}}})())

@@ -1,0 +1,141 @@
+"""The shared trainer with clipping policies: ClipCallback == Trainer clipping, exact resume with the
+clipper state, packing, and the `train pretrain|sft` CLI (outputs, metrics JSONL, bad input)."""
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from conftest import TINY_TEXT, build_tiny_llama, build_tokenizer, run_cli
+from llmtool.core.trainer import ClipCallback, TrainArgs, pack_texts, sft
+from llmtool.train.clipping import CLIPPERS
+from llmtool.train.pretrain import train_with_clipper
+
+
+@pytest.fixture(scope="module")
+def tok():
+    return build_tokenizer()
+
+
+def _blocks(tok, n=16, T=32):
+    return pack_texts(tok, [TINY_TEXT] * 4, T, max_blocks=n)
+
+
+def test_pack_texts(tok):
+    blocks = pack_texts(tok, ["a b c", "d e f"], 2)
+    ids = tok("a b c", add_special_tokens=False)["input_ids"] + [tok.eos_token_id] + \
+        tok("d e f", add_special_tokens=False)["input_ids"] + [tok.eos_token_id]
+    assert [x for b in blocks for x in b["input_ids"]] == ids[:len(blocks) * 2]
+
+
+def test_clip_callback_global_equals_trainer_clipping(tok):
+    rows = _blocks(tok)
+    base = TrainArgs(lr=1e-2, max_steps=4, batch_size=4, max_length=32, lr_scheduler="constant", logging_steps=1)
+    m1 = build_tiny_llama(len(tok), seed=1).train()
+    sft(m1, tok, rows, TrainArgs(**{**base.__dict__, "max_grad_norm": 0.5}))
+    m2 = build_tiny_llama(len(tok), seed=1).train()
+    clipper = CLIPPERS.build("global", max_grad_norm=0.5).build(m2.named_parameters())
+    cb = ClipCallback(clipper)
+    sft(m2, tok, rows, TrainArgs(**{**base.__dict__, "max_grad_norm": 0.0}), callbacks=[cb])
+    assert clipper.step == 4 and len(cb.records) == 4 and cb.records[0]["clip_fraction"] == 1.0
+    for (n, a), (_, b) in zip(m1.named_parameters(), m2.named_parameters()):
+        assert torch.allclose(a, b, atol=1e-6), n
+
+
+def test_resume_restores_clipper_state_exactly(tok, tmp_path):
+    rows = _blocks(tok)
+    cfg = CLIPPERS.build("adagc", adagc_warmup=2)
+
+    def args(**kw):
+        return TrainArgs(lr=3e-3, max_steps=6, batch_size=4, max_length=32, lr_scheduler="constant", **kw)
+
+    full = build_tiny_llama(len(tok), seed=2).train()
+    r_full = train_with_clipper(full, tok, rows, args(), cfg, out_dir=tmp_path / "a")
+    part = build_tiny_llama(len(tok), seed=2).train()
+    train_with_clipper(part, tok, rows, args(save_steps=3), cfg, out_dir=tmp_path / "b")
+    ck = tmp_path / "b" / "checkpoint-3"
+    assert (ck / "clipper_state.json").is_file()
+    saved = json.loads((ck / "clipper_state.json").read_text())
+    assert saved["step"] == 3 and set(saved["gamma"]) == {n for n, _ in full.named_parameters()} - {"lm_head.weight"}
+    from transformers import LlamaForCausalLM
+
+    resumed = LlamaForCausalLM.from_pretrained(ck).train()
+    r_res = train_with_clipper(resumed, tok, rows, args(), cfg, out_dir=tmp_path / "b", resume=str(ck))
+    assert r_res["clipper_step"] == 6
+    assert [r["step"] for r in r_res["records"]] == [4, 5, 6]
+    for a, b in zip(r_full["records"][3:], r_res["records"]):
+        assert a["loss"] == pytest.approx(b["loss"], rel=1e-5)
+        assert a["clip_factor_min"] == pytest.approx(b["clip_factor_min"], rel=1e-5)
+    for (n, a), (_, b) in zip(full.named_parameters(), resumed.named_parameters()):
+        assert torch.allclose(a, b, atol=1e-5), n
+
+
+def test_faults_reach_clipper_and_lr(tok):
+    rows = _blocks(tok)
+    m = build_tiny_llama(len(tok), seed=3).train()
+    from llmtool.train.faults import Faults
+
+    faults = Faults.parse(["3:model.layers.0.self_attn.q_proj.weight:1000:2"], ["5"], ["6:30"],
+                          names=[n for n, _ in m.named_parameters()])
+    args = TrainArgs(lr=1e-2, max_steps=6, batch_size=4, max_length=32, lr_scheduler="constant")
+    res = train_with_clipper(m, tok, rows, args, CLIPPERS.build("none"), faults=faults)
+    recs = res["records"]
+    gn = [r["grad_norm"] for r in recs]
+    assert gn[2] > 3 * gn[1] and gn[5] < 3 * gn[1]
+    assert recs[4]["loss"] > recs[3]["loss"] + 0.1   # garbage batch: random tokens, loss ~ ln(V)
+    assert [r["lr"] for r in recs] == pytest.approx([1e-2] * 6)  # logged lr is the scheduled one, restored
+
+
+def test_cli_pretrain_adagc(tiny_llama_dir, tmp_path):
+    tdir = tiny_llama_dir
+    corpus = tmp_path / "c.txt"
+    corpus.write_text((TINY_TEXT + "\n\n") * 6)
+    out = tmp_path / "run"
+    code, stdout, err = run_cli("--json", "train", "pretrain", out, "--data", corpus, "--tokenizer", tdir,
+                                "--layers", "1", "--d-model", "32", "--heads", "2", "--steps", "6", "--batch-size", "2",
+                                "--max-length", "32", "--val-blocks", "2", "--clip", "adagc", "--adagc-warmup", "2",
+                                "--adagc-preset", "preprint", "--inject-grad-spike", "4:model.embed_tokens.weight:1e3",
+                                "--save-steps", "3", "--spike-window", "2")
+    assert code == 0, err
+    recs = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in recs] == list(range(1, 7))
+    assert recs[0]["clip_stage"] == "warmup" and recs[3]["clip_stage"] == "adaptive"
+    assert "model.embed_tokens.weight" in recs[3]["clipped_tensors"]
+    rep = json.loads((out / "report.json").read_text())
+    assert rep["clip"]["adagc_preset"] == "preprint" and rep["steps"] == 6 and rep["val_loss"] > 0
+    assert (out / "model" / "model.safetensors").is_file()
+    assert (out / "checkpoints" / "checkpoint-3" / "clipper_state.json").is_file()
+
+
+@pytest.mark.parametrize("extra,needle", [
+    (["--inject-grad-spike", "4:model.embed_tokens.weigh:10"], "close names: model.embed_tokens.weight"),
+    (["--inject-grad-spike", "four:x:10"], "STEP"),
+    (["--clip", "adagc", "--adagc-lambda-rel", "-1"], "--adagc-lambda-rel"),
+    (["--clip", "global", "--adagc-beta", "0.9"], "does not apply"),
+    (["--optimizer", "adam"], "--optimizer"),
+])
+def test_cli_bad_input(tiny_llama_dir, tmp_path, extra, needle):
+    tdir = tiny_llama_dir
+    corpus = tmp_path / "c.txt"
+    corpus.write_text((TINY_TEXT + "\n\n") * 6)
+    out = tmp_path / "run"
+    code, _, err = run_cli("train", "pretrain", out, "--data", corpus, "--tokenizer", tdir, "--layers", "1",
+                           "--d-model", "32", "--heads", "2", "--steps", "2", "--batch-size", "2", "--max-length", "32",
+                           "--val-blocks", "2", *extra)
+    assert code == 2 and needle in err and not out.exists()
+
+
+def test_cli_sft_and_bad_jsonl(tiny_llama_dir, tmp_path):
+    data = tmp_path / "d.jsonl"
+    data.write_text("\n".join(json.dumps({"prompt": f"Q{i}: ", "completion": "The capital of France is Paris."})
+                              for i in range(8)))
+    out = tmp_path / "sft"
+    code, _, err = run_cli("train", "sft", tiny_llama_dir, out, "--data", data, "--steps", "3", "--clip", "adagc",
+                           "--adagc-warmup", "1", "--max-length", "32")
+    assert code == 0, err
+    assert len((out / "metrics.jsonl").read_text().splitlines()) == 3
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"prompt": "a", "completion": "b"}\n{"prompt": "a"}\n')
+    code, _, err = run_cli("train", "sft", tiny_llama_dir, tmp_path / "o2", "--data", bad, "--steps", "1")
+    assert code == 2 and "bad.jsonl:2" in err
