@@ -1,0 +1,357 @@
+"""Benchmark for `llmtool bench-agent`: PIPE rewrites (oracle under every rewrite on every built-in
+environment, the default model on grid navigation, optionally the fine-tune-on-oracle-trajectories
+experiment), UltraHorizon (scripted explorers at two horizons and two context policies, the default
+model at a tiny horizon) and harness cost.
+
+    python benchmarks/bench_agent.py                 # CPU defaults, about 15 min on 2 busy cores
+    python benchmarks/bench_agent.py --sft           # + fine-tune on oracle trajectories (shared trainer)
+    python benchmarks/bench_agent.py --sft --base-episodes 20 --train-tasks 400 --sft-steps 300   # GPU scale
+
+Writes benchmarks/results/bench_agent.{json,md,png}. Acceptance gates are reported as met / NOT met
+with the measured figure; nothing is hard-coded.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+RESULTS = Path(__file__).parent / "results"
+MODES = ("none", "synonym", "obfuscate", "dual-ori-first", "dual-syn-first")
+
+
+def oracle_rows(n_tasks: int, seed: int, work: Path) -> dict:
+    from llmtool.bench_agent.agents import make_agent
+    from llmtool.bench_agent.envs import ENVS
+    from llmtool.bench_agent.harness import load_tasks, run
+
+    out = {}
+    for env_name in ENVS.names():
+        n = max(10, n_tasks // 3) if env_name == "os-sandbox" else n_tasks   # sandbox: one process per command
+        out[env_name] = {}
+        base_rewards = None
+        for mode in MODES:
+            s = run(env_name, make_agent("script:oracle"), mode, load_tasks(None, n, seed),
+                    work / f"oracle-{env_name}-{mode}", overwrite=True)
+            eps = [json.loads(x) for x in (work / f"oracle-{env_name}-{mode}" / "episodes.jsonl").read_text().splitlines()]
+            rewards = [e["reward"] for e in eps]
+            base_rewards = base_rewards or rewards
+            out[env_name][mode] = {"sr": s["sr"], "episodes": s["episodes"], "steps_per_s": s["steps_per_s"],
+                                   "orig_calls": s["orig_calls"], "alias_calls": s["alias_calls"],
+                                   "rewards_equal_to_none": rewards == base_rewards}
+        print(f"  oracle {env_name}: " + ", ".join(f"{m} {v['sr']:.2f}" for m, v in out[env_name].items()), flush=True)
+    return out
+
+
+def eval_agent(env_name, agent, n_eval, seed, history, work: Path, tag: str, max_rounds) -> dict:
+    from llmtool.bench_agent.harness import load_tasks, run
+
+    out = {}
+    for mode in MODES:
+        s = run(env_name, agent, mode, load_tasks(None, n_eval, seed + 1), work / f"{tag}-{env_name}-{mode}",
+                history=history, overwrite=True, max_rounds=max_rounds)
+        out[mode] = s
+        print(f"  {tag:>10} {env_name} {mode:<15} SR {s['sr']:.2f} [{s['sr_lo']:.2f},{s['sr_hi']:.2f}] "
+              f"orig {s['orig_calls']} alias {s['alias_calls']} dep {s['deprecated_rate']:.2f} "
+              f"inv {s['invalid_rate']:.2f} ({s['seconds']:.0f}s)", flush=True)
+    return out
+
+
+def ir_of(work: Path, tag: str, env_name: str, seed: int) -> dict:
+    from llmtool.bench_agent.metrics import interface_reliance
+
+    def eps(mode):
+        p = work / f"{tag}-{env_name}-{mode}" / "episodes.jsonl"
+        return [json.loads(x) for x in p.read_text().splitlines()]
+
+    return interface_reliance(eps("dual-ori-first"), eps("dual-syn-first"), seed=seed)
+
+
+def oracle_examples(env_name: str, n_tasks: int, seed: int, tok, history: int) -> list[dict]:
+    """(prompt, completion) pairs from oracle episodes in the ORIGINAL interface only; prompts are the
+    chat-templated, history-windowed messages the agent sees at evaluation time."""
+    from llmtool.bench_agent.agents import make_agent
+    from llmtool.bench_agent.envs import make_env
+    from llmtool.bench_agent.harness import run_episode, window
+
+    ex = []
+    oracle = make_agent("script:oracle")
+    for i in range(n_tasks):
+        env = make_env(env_name)
+        rec = run_episode(env, oracle, "none", i, 10_000_000 + seed * 100003 + i, env.default_rounds, history=history)
+        msgs = rec["conversation"]
+        for k, m in enumerate(msgs):
+            if m["role"] == "assistant":
+                prompt = tok.apply_chat_template(window(msgs[:k], history), add_generation_prompt=True, tokenize=False)
+                ex.append({"prompt": prompt, "completion": m["content"]})
+    return ex
+
+
+def uh_part(args, work: Path) -> dict:
+    from llmtool.bench_agent.uhrun import UHScript, run_uh, score_runs
+
+    rows, raw = [], {}
+    for env_name in ("grid", "seq", "bio"):
+        for steps in (args.uh_small, args.uh_large):
+            for policy, window in (("crnr", args.uh_window), ("sliding", args.uh_window)):
+                for kind in ("oracle", "random"):
+                    t0 = time.time()
+                    evs = [run_uh(env_name, UHScript(kind, args.seed + i), work / f"uh-{kind}-{env_name}-{steps}-{policy}-{i}",
+                                  steps=steps, seed=args.seed + i, policy=policy, window=window)
+                           for i in range(args.uh_runs)]
+                    s = score_runs(evs)
+                    dt = time.time() - t0
+                    acts = sum(e["env_actions"] for e in evs)
+                    raw[f"{kind}-{env_name}-{steps}-{policy}"] = s
+                    rows.append(_uh_row(f"script:{kind}", env_name, steps, policy, s, acts / dt))
+    print("  UltraHorizon scripted: done", flush=True)
+    if args.uh_model_runs > 0:
+        from llmtool.bench_agent.agents import HFAgent
+        from llmtool.core.models import resolve_model
+
+        agent = HFAgent(str(resolve_model(args.model)), max_new_tokens=args.uh_max_new_tokens, temperature=0.3,
+                        stop=("</tool_call>",), seed=args.seed)
+        agent.uri = f"hf:{args.model}"
+        for env_name in args.uh_model_envs.split(","):
+            t0 = time.time()
+            evs = [run_uh(env_name, agent, work / f"uh-model-{env_name}-{i}", steps=args.uh_model_steps,
+                          seed=args.seed + i, policy="crnr", window=args.uh_model_window)
+                   for i in range(args.uh_model_runs)]
+            s = score_runs(evs)
+            s["seconds"] = time.time() - t0
+            s["completion_tokens_per_s"] = sum(e["token_statistics"]["completion"] for e in evs) / s["seconds"]
+            s["entropy_slopes"] = [e["entropy_slope"] for e in evs]
+            raw[f"model-{env_name}-{args.uh_model_steps}-crnr"] = s
+            rows.append(_uh_row(f"hf:{args.model}", env_name, args.uh_model_steps, "crnr", s, None))
+            print(f"  UltraHorizon {args.model} {env_name}: score {s['score']['mean']}, "
+                  f"tool calls {s['tool_calls']['mean']}, {s['seconds']:.0f}s", flush=True)
+    return {"rows": rows, "raw": raw}
+
+
+def _ci(m) -> str:
+    if m.get("mean") is None:
+        return "n/a"
+    return f"{m['mean']:.1f} ± {m['hi'] - m['mean']:.1f}"
+
+
+def _uh_row(agent, env, steps, policy, s, steps_per_s) -> dict:
+    return {"agent": agent, "env": env, "R": steps, "context": policy, "runs": s["runs"], "score": _ci(s["score"]),
+            "tool calls": _ci(s["tool_calls"]), "prompt tokens": _ci(s["prompt_tokens"]),
+            "completion tokens": _ci(s["completion_tokens"]), "commit rate": s["commit_rate"],
+            "refreshes": _ci(s["refreshes"]),
+            "env steps/s": f"{steps_per_s:.0f}" if steps_per_s else ""}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--model", default="smollm2-135m", help="default model alias or directory")
+    ap.add_argument("--env", default="grid-nav", help="PIPE env for the model rows")
+    ap.add_argument("--oracle-tasks", type=int, default=50)
+    ap.add_argument("--base-episodes", type=int, default=6)
+    ap.add_argument("--max-rounds", type=int, default=8)
+    ap.add_argument("--history", type=int, default=1)
+    ap.add_argument("--max-new-tokens", type=int, default=16)
+    ap.add_argument("--sft", action="store_true", help="fine-tune on oracle trajectories and evaluate (slow on CPU)")
+    ap.add_argument("--train-tasks", type=int, default=60)
+    ap.add_argument("--sft-steps", type=int, default=40)
+    ap.add_argument("--sft-batch", type=int, default=8)
+    ap.add_argument("--lr", type=float, default=2e-4)
+    ap.add_argument("--uh-runs", type=int, default=8)
+    ap.add_argument("--uh-small", type=int, default=10)
+    ap.add_argument("--uh-large", type=int, default=50)
+    ap.add_argument("--uh-window", type=int, default=40)
+    ap.add_argument("--uh-model-runs", type=int, default=2)
+    ap.add_argument("--uh-model-envs", default="seq")
+    ap.add_argument("--uh-model-steps", type=int, default=5)
+    ap.add_argument("--uh-model-window", type=int, default=12)
+    ap.add_argument("--uh-max-new-tokens", type=int, default=96)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--work", default=None, help="scratch directory (default: a temp dir)")
+    args = ap.parse_args()
+
+    import torch
+
+    torch.set_num_threads(args.threads)
+    from llmtool.bench_agent.agents import HFAgent
+    from llmtool.core.models import load_model, load_tokenizer, resolve_model
+
+    t_start = time.time()
+    work = Path(args.work or tempfile.mkdtemp(prefix="bench_agent_"))
+    work.mkdir(parents=True, exist_ok=True)
+    shown, skip = [], False          # the command without --work (a machine-local path)
+    for a in sys.argv[1:]:
+        if skip:
+            skip = False
+        elif a == "--work":
+            skip = True
+        elif not a.startswith("--work="):
+            shown.append(a)
+    results = {"command": " ".join(["python benchmarks/bench_agent.py", *shown]), "config": vars(args),
+               "pipe": {}, "gates": {}}
+    results["config"].pop("work", None)
+
+    phase = results["phase_seconds"] = {}
+    t = time.time()
+    print("== oracle under every rewrite", flush=True)
+    results["oracle"] = oracle_rows(args.oracle_tasks, args.seed, work)
+    results["gates"]["oracle_100pct_every_env_every_rewrite"] = all(
+        v["sr"] == 1.0 and v["rewards_equal_to_none"] for e in results["oracle"].values() for v in e.values())
+    phase["oracle"] = round(time.time() - t, 1)
+    write(results)
+
+    t = time.time()
+    print("== UltraHorizon", flush=True)
+    results["ultrahorizon"] = uh_part(args, work)
+    phase["ultrahorizon"] = round(time.time() - t, 1)
+    scripted = results["ultrahorizon"]["raw"]
+    results["gates"]["uh_oracle_scores_100"] = all(v["score"]["mean"] == 100 for k, v in scripted.items() if k.startswith("oracle"))
+    results["gates"]["uh_random_scores_le_40"] = all(v["score"]["mean"] <= 40 for k, v in scripted.items() if k.startswith("random"))
+    write(results)
+
+    env_name = args.env
+    path = resolve_model(args.model)
+    tok = load_tokenizer(path)
+    r = results["pipe"][env_name] = {}
+    print(f"== {args.model} on {env_name}", flush=True)
+    model = load_model(path, dtype="float32", device="cpu")
+    agent = HFAgent(str(path), model=model, tokenizer=tok, max_new_tokens=args.max_new_tokens, stop=("\n",))
+    agent.uri = f"hf:{args.model}"
+    t0 = time.time()
+    r["base"] = eval_agent(env_name, agent, args.base_episodes, args.seed, args.history, work, "base", args.max_rounds)
+    r["base_seconds"] = time.time() - t0
+    phase["base_model"] = round(time.time() - t0, 1)
+    r["base_ir"] = ir_of(work, "base", env_name, args.seed)
+    r["base_tokens_per_s"] = sum(v["completion_tokens"] for v in r["base"].values()) / r["base_seconds"]
+    r["kv_reused_tokens"] = agent.reused_tokens
+    ir = r["base_ir"]
+    results["gates"]["base_ir_in_[0.5,2]"] = {"met": 0.5 <= ir["ir"] <= 2, "measured": ir["ir"]}
+    print(f"  base IR {ir['ir']:.2f} [{ir['ir_lo']:.2f},{ir['ir_hi']:.2f}]", flush=True)
+    write(results)
+
+    if args.sft:
+        from llmtool.core.trainer import TrainArgs, sft
+
+        ex = oracle_examples(env_name, args.train_tasks, args.seed, tok, args.history)
+        targs = TrainArgs(lr=args.lr, max_steps=args.sft_steps, batch_size=args.sft_batch, max_length=384,
+                          warmup_ratio=0.05, seed=args.seed, logging_steps=10)
+        t0 = time.time()
+        info = sft(model, tok, ex, targs)
+        r["sft"] = {"examples": len(ex), "train_loss": info["train_loss"], "steps": info["steps"],
+                    "seconds": time.time() - t0}
+        print(f"  SFT {len(ex)} examples, {info['steps']} steps, loss {info['train_loss']:.3f}, "
+              f"{time.time() - t0:.0f}s", flush=True)
+        model.eval()
+        agent = HFAgent(str(path), model=model, tokenizer=tok, max_new_tokens=args.max_new_tokens, stop=("\n",))
+        agent.uri = f"hf:{args.model}+sft"
+        r["sft_eval"] = eval_agent(env_name, agent, args.base_episodes, args.seed, args.history, work, "finetuned",
+                                   args.max_rounds)
+        r["sft_ir"] = ir_of(work, "finetuned", env_name, args.seed)
+        phase["sft_train_and_eval"] = round(time.time() - t0, 1)
+        ft, fir = r["sft_eval"], r["sft_ir"]
+        print(f"  fine-tuned IR {fir['ir']:.2f} [{fir['ir_lo']:.2f},{fir['ir_hi']:.2f}]", flush=True)
+        results["gates"]["ft_sr_original>=0.8"] = {"met": ft["none"]["sr"] >= 0.8, "measured": ft["none"]["sr"]}
+        results["gates"]["ft_sr_obfuscate<=0.5*sr_original"] = {
+            "met": ft["obfuscate"]["sr"] <= 0.5 * ft["none"]["sr"] and ft["none"]["sr"] > 0,
+            "measured": [ft["obfuscate"]["sr"], ft["none"]["sr"]]}
+        results["gates"]["ft_ir>2_with_ci"] = {"met": fir["ir_lo"] > 2, "measured": [fir["ir"], fir["ir_lo"], fir["ir_hi"]]}
+    else:
+        results["gates"]["sft_experiment"] = "not run (pass --sft)"
+    results["wall_seconds"] = round(time.time() - t_start, 1)
+    write(results)
+    print(json.dumps(results["gates"], indent=1, default=str))
+    print(f"total {results['wall_seconds']:.0f} s")
+
+
+def write(results: dict) -> None:
+    from llmtool.core.console import markdown_table
+
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    (RESULTS / "bench_agent.json").write_text(json.dumps(results, indent=2, default=str))
+    lines = ["# bench-agent benchmark", "", f"Command: `{results['command']}`", ""]
+    if "oracle" in results:
+        rows = [{"env": e, **{m: f"{v[m]['sr']:.2f} (n={v[m]['episodes']})" for m in MODES},
+                 "env steps/s (none)": f"{v['none']['steps_per_s']:.0f}"} for e, v in results["oracle"].items()]
+        lines += ["## PIPE: scripted oracle, success rate under every rewrite", "", markdown_table(rows), ""]
+    for env_name, r in results["pipe"].items():
+        rows = []
+        for tag, key in (("base", "base"), ("fine-tuned", "sft_eval")):
+            for mode, s in r.get(key, {}).items():
+                rows.append({"agent": tag, "rewrite": mode, "episodes": s["episodes"], "SR": f"{s['sr']:.2f}",
+                             "95% CI": f"[{s['sr_lo']:.2f}, {s['sr_hi']:.2f}]", "orig calls": s["orig_calls"],
+                             "alias calls": s["alias_calls"], "deprecated rate": f"{s['deprecated_rate']:.2f}",
+                             "invalid rate": f"{s['invalid_rate']:.2f}"})
+        lines += [f"## PIPE: {results['config']['model']} on {env_name}", "", markdown_table(rows), ""]
+        for tag, key in (("base", "base_ir"), ("fine-tuned", "sft_ir")):
+            if key in r:
+                ir = r[key]
+                lines.append(f"- IR {tag}: {ir['ir']:.2f} (95% CI {ir['ir_lo']:.2f}–{ir['ir_hi']:.2f}; "
+                             f"MD ori-first {ir['md_ori_first']:.2f}, syn-first {ir['md_syn_first']:.2f}; "
+                             f"episodes {ir['episodes']})")
+        if "sft" in r:
+            lines.append(f"- SFT: {r['sft']['examples']} examples, {r['sft']['steps']} steps, "
+                         f"loss {r['sft']['train_loss']:.3f}, {r['sft']['seconds']:.0f} s")
+        if "base_tokens_per_s" in r:
+            lines.append(f"- agent throughput (base, CPU, 1 thread): {r['base_tokens_per_s']:.1f} generated tokens/s; "
+                         f"KV-cache tokens reused across turns: {r['kv_reused_tokens']}")
+        lines.append("")
+    uh = results.get("ultrahorizon")
+    if uh:
+        lines += ["## UltraHorizon (rule judge; mean ± 95% CI half-width)", "", markdown_table(uh["rows"]), ""]
+    lines += ["## Gates", ""] + [f"- {k}: {_gate(v)}" for k, v in results["gates"].items()]
+    if "wall_seconds" in results:
+        ph = results.get("phase_seconds", {})
+        lines += ["", f"Wall time: {results['wall_seconds']:.0f} s (phases: " +
+                  ", ".join(f"{k} {v:.0f} s" for k, v in ph.items()) + ")."]
+    (RESULTS / "bench_agent.md").write_text("\n".join(lines) + "\n")
+    plot(results)
+
+
+def _gate(v) -> str:
+    if isinstance(v, bool):
+        return "met" if v else "NOT met"
+    if isinstance(v, dict):
+        m = v["measured"]
+        m = f"{m:.3g}" if isinstance(m, float) else json.dumps(m, default=lambda x: round(x, 3))
+        return ("met" if v["met"] else "NOT met") + f" (measured {m})"
+    return str(v)
+
+
+def plot(results: dict) -> None:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:  # pragma: no cover
+        return
+    series = {}
+    for e, v in results.get("oracle", {}).items():
+        series[f"oracle {e}"] = [v[m]["sr"] for m in MODES]
+    for env_name, r in results["pipe"].items():
+        for tag, key in (("base", "base"), ("fine-tuned", "sft_eval")):
+            if key in r:
+                series[f"{tag} {env_name}"] = [r[key][m]["sr"] for m in MODES]
+    if not series:
+        return
+    fig, ax = plt.subplots(figsize=(9, 4))
+    w = 0.8 / len(series)
+    for i, (name, vals) in enumerate(series.items()):
+        ax.bar([j + i * w for j in range(len(MODES))], vals, w, label=name)
+    ax.set_xticks([j + 0.4 - w / 2 for j in range(len(MODES))], MODES)
+    ax.set_ylabel("success rate")
+    ax.set_ylim(0, 1.05)
+    ax.set_title("bench-agent: success rate per interface rewrite")
+    ax.legend(fontsize=7, ncol=2)
+    fig.tight_layout()
+    fig.savefig(RESULTS / "bench_agent.png", dpi=110)
+    plt.close(fig)
+
+
+if __name__ == "__main__":
+    main()
