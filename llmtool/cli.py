@@ -16,7 +16,6 @@ The dialect is written down in docs/cli-conventions.md; in short:
 from __future__ import annotations
 
 import importlib
-import importlib.util
 import sys
 from typing import Annotated, Any, Optional
 
@@ -85,23 +84,16 @@ def hoist_globals(args: list[str], commands) -> list[str]:
     return head[:pos] + moved + head[pos:] + tail
 
 
-def _area_available(module: str) -> bool:
-    try:
-        return importlib.util.find_spec(module) is not None
-    except ModuleNotFoundError:
-        return False
-
-
 class AreaGroup(TyperGroup):
     """The root group: areas loaded lazily, globals hoisted, every error one line."""
 
     _listing = False
 
     def list_commands(self, ctx: click.Context) -> list[str]:
-        return [n for n, (m, _) in AREAS.items() if _area_available(m)]
+        return list(AREAS)
 
     def get_command(self, ctx: click.Context, name: str) -> Optional[click.Command]:
-        if name not in AREAS or not _area_available(AREAS[name][0]):
+        if name not in AREAS:
             return None
         module, help_text = AREAS[name]
         if self._listing:  # root --help: a name and a line, no import

@@ -2,13 +2,11 @@
 (``cli_grpo`` for RLVR, ``cli_base`` for pretraining and SFT) and merged here."""
 from __future__ import annotations
 
-import importlib
-import importlib.util
-
 import typer
+
+from llmtool.train import cli_base, cli_grpo
 
 app = typer.Typer(no_args_is_help=True, help="Training: GRPO (RLVR), pretraining and SFT with AdaGC clipping.")
 
-for _module in ("llmtool.train.cli_base", "llmtool.train.cli_grpo"):
-    if importlib.util.find_spec(_module) is not None:
-        app.add_typer(importlib.import_module(_module).app)
+app.add_typer(cli_base.app)
+app.add_typer(cli_grpo.app)
