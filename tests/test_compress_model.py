@@ -171,3 +171,22 @@ def test_real_model_ranks_heterogeneous(smollm2_dir, tmp_path):
     assert cfg["llmtool_lowrank"]["ranks"] == report["ranks"]
     assert report["stored_params"] < report["params_before"]
     assert report["achieved_ratio"] >= 0.2
+
+
+def test_fwsvd_fisher_weight_is_mean_of_squared_gradients():
+    """FWSVD's importance with several gradient sequences is the empirical Fisher mean_s g_s**2 (the
+    square of the mean gradient would let opposing sequences cancel)."""
+    from llmtool.compress.profile import loss_gradients
+
+    model = _model()
+    ids = _ids(model, 3, 16, 5)
+    name = target_names(model)[0][0]
+    per_seq = loss_gradients(model, [name], ids, average=False)
+    fisher = loss_gradients(model, [name], ids, square=True)[name]
+    mean_sq = sum(g[name] * g[name] for g in per_seq) / len(per_seq)
+    sq_mean = (sum(g[name] for g in per_seq) / len(per_seq)) ** 2
+    assert torch.allclose(fisher, mean_sq, rtol=1e-10, atol=0)
+    assert not torch.allclose(fisher, sq_mean, rtol=1e-3)
+    from llmtool.compress.weighted_svd import FisherWeightedSVD
+
+    assert FisherWeightedSVD.grad_squares

@@ -351,3 +351,16 @@ def test_global_rotation_fusion_fp32_on_smollm2(smollm2_dir):
     quantize_(model, QuaRotConfig(w_bits=16, a_bits=16), None)
     out = model(input_ids=x).logits
     assert ((out - ref).abs().max() / ref.abs().max()) < 1e-4
+
+
+def test_quarot_defaults_to_its_own_activation_quantizer():
+    """QuaRot's activation quantizer is symmetric with clip 0.9 (SpinQuant's asymmetric, unclipped one is
+    the shared default); the help names the per-method defaults."""
+    from llmtool.quantize.configs import METHODS
+
+    q, r = METHODS.build("quarot"), METHODS.build("respinquant")
+    assert (q.a_symmetric, q.a_clip_ratio) == (True, 0.9)
+    assert (r.a_symmetric, r.a_clip_ratio) == (False, 1.0)
+    assert METHODS.build("quarot", a_symmetric=False).a_symmetric is False
+    code, out, _ = run_cli("quantize", "--help")
+    assert code == 0 and "quarot: 0.9" in " ".join(out.split())

@@ -89,7 +89,7 @@ def _spectra(model, method, cfg: CompressConfig, calib_ids, grad_ids, seconds: d
     grads: dict[str, torch.Tensor] = {}
     if method.needs_grad:
         t0 = time.perf_counter()
-        grads = loss_gradients(model, names, grad_ids)
+        grads = loss_gradients(model, names, grad_ids, square=getattr(method, "grad_squares", False))
         seconds["gradients"] = seconds.get("gradients", 0.0) + time.perf_counter() - t0
     t0 = time.perf_counter()
     if method.needs_gram or method.needs_abs_mean:

@@ -64,9 +64,12 @@ def layer_statistics(model, ids: torch.Tensor, batch_size: int = 4, gram: bool =
         yield stats
 
 
-def loss_gradients(model, names: list[str], ids: torch.Tensor, average: bool = True) -> dict[str, torch.Tensor] | list:
+def loss_gradients(model, names: list[str], ids: torch.Tensor, average: bool = True,
+                   square: bool = False) -> dict[str, torch.Tensor] | list:
     """``dL/dW`` (float32, CPU) of the named Linear weights on each sequence of ``ids`` [k, T].
-    ``average=True``: one dict averaged over sequences; else a list of per-sequence dicts."""
+    ``average=True``: one dict averaged over sequences; else a list of per-sequence dicts.
+    ``square=True`` (with ``average``): the per-sequence mean of the elementwise *squared* gradient,
+    the empirical Fisher diagonal (not the square of the mean gradient)."""
     modules = dict(model.named_modules())
     weights = [modules[n].weight for n in names]
     saved = [(p, p.requires_grad) for p in model.parameters()]
@@ -87,6 +90,7 @@ def loss_gradients(model, names: list[str], ids: torch.Tensor, average: bool = T
                  for n, gr in zip(names, grads)}
             if average:
                 for n, gr in g.items():
+                    gr = gr * gr if square else gr
                     total[n] = total[n] + gr if n in total else gr
             else:
                 per_seq.append(g)

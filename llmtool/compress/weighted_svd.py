@@ -1,7 +1,9 @@
 """Diagonally weighted SVD baselines, uniform rank ``r = floor((1 - ratio) m n / (m + n))``.
 
 - `fwsvd` (Hsu et al., "Language model compression with weighted low-rank factorization", ICLR
-  2022): row importance ``I_j = sum_c (dL/dW_jc)^2`` from the gradient batch, ``D = diag(sqrt I)``;
+  2022): row importance ``I_j = sum_c mean_s (dL_s/dW_jc)^2`` over the gradient sequences s (the
+  empirical Fisher diagonal: the mean of squared per-sequence gradients, not the square of their
+  mean, which would cancel opposing sequences), ``D = diag(sqrt I)``;
   SVD of ``D W``; ``B = D^{-1} U_r diag(sqrt sigma_r)``, ``A = diag(sqrt sigma_r) V_r^T``.
   Reconstructed: ``I`` is floored at ``1e-12 * max(I)`` so rows with zero gradient stay invertible,
   and sqrt(sigma) is split between the factors (the spec's ``B = D^{-1} U Sigma, A = V^T`` is the
@@ -21,12 +23,13 @@ from llmtool.compress.factorize import ModuleSpec, Spectrum, split_factors
 class FisherWeightedSVD:
     needs_gram = False
     needs_grad = True
+    grad_squares = True  # the pipeline hands decompose() mean_s g_s**2, and this squares nothing more
     needs_abs_mean = False
     uniform = True
     rule = None
 
     def decompose(self, spec: ModuleSpec, weight: torch.Tensor, stats, grad, eps: float, kmax: int) -> Spectrum:
-        importance = grad.double().pow(2).sum(1)
+        importance = grad.double().sum(1)  # grad holds mean_s g_s**2 (grad_squares)
         d = importance.clamp_min(1e-12 * float(importance.max().clamp_min(1e-300))).sqrt()
         u, sigma, vh = torch.linalg.svd(d[:, None] * weight.double(), full_matrices=False)
         a, b = split_factors(u, sigma, vh, kmax)

@@ -45,16 +45,16 @@ class Whitener:
         return torch.linalg.solve(self.L.T, grad, left=False)
 
 
-def identity_whitener(n: int) -> Whitener:
-    return Whitener(torch.eye(n, dtype=torch.float64), True)
+def identity_whitener(n: int, device=None) -> Whitener:
+    return Whitener(torch.eye(n, dtype=torch.float64, device=device), True)
 
 
 def whitener_from_covariance(cov: torch.Tensor, eps: float = 1e-4) -> Whitener:
     """Cholesky factor of the regularised covariance, with the eigen fallback."""
     c = cov.to(torch.float64)
     c = (c + c.T) / 2
-    c = torch.where(torch.isfinite(c), c, torch.zeros((), dtype=c.dtype))
-    c = c + eps * torch.eye(c.shape[0], dtype=c.dtype)
+    c = torch.where(torch.isfinite(c), c, torch.zeros((), dtype=c.dtype, device=c.device))
+    c = c + eps * torch.eye(c.shape[0], dtype=c.dtype, device=c.device)
     L, info = torch.linalg.cholesky_ex(c)
     if int(info) == 0 and bool(torch.isfinite(L).all()):
         return Whitener(L, True)

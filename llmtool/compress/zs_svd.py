@@ -155,5 +155,5 @@ def pull_subspace_correction(grads: list[torch.Tensor], residual: torch.Tensor, 
     """``dW' = sum_i alpha_i g_i`` with ``alpha = (G G^T + ridge I)^{-1} G vec(residual)``."""
     g = torch.stack([x.reshape(-1).double() for x in grads])          # [N, m*n]
     rhs = g @ residual.reshape(-1).double()
-    alpha = torch.linalg.solve(g @ g.T + ridge * torch.eye(len(grads), dtype=g.dtype), rhs)
+    alpha = torch.linalg.solve(g @ g.T + ridge * torch.eye(len(grads), dtype=g.dtype, device=g.device), rhs)
     return (alpha @ g).reshape(residual.shape)

@@ -264,6 +264,18 @@ def _default_text(f: dataclasses.Field) -> str:
     return str(d)
 
 
+def _defaults_text(registry: Registry, fname: str, owners: list[str]) -> str:
+    """One default, or the most common one followed by the methods whose own default differs."""
+    per = {}
+    for n in owners:
+        field = next(f for f in registry.get(n).fields() if f.name == fname)
+        per[n] = _default_text(field)
+    values = list(per.values())
+    common = max(set(values), key=values.count)
+    others = [f"{n}: {v}" for n, v in per.items() if v != common]
+    return "; ".join([common, *others])
+
+
 def method_options(registry: Registry, default: str | None = None, param: str = "config",
                    method_flag: str = "--method") -> Callable[[Callable], Callable]:
     """Decorate a Typer command taking ``config: MethodConfig``: adds ``--method`` and one option per
@@ -311,7 +323,7 @@ def method_options(registry: Registry, default: str | None = None, param: str = 
             flag = flag_of(f)
             who = owners[fname]
             applies = "" if len(who) == len(names) else f" [{', '.join(who)}]"
-            help_text = f"{f.metadata.get('help', '')} (default: {_default_text(f)}){applies}"
+            help_text = f"{f.metadata.get('help', '')} (default: {_defaults_text(registry, fname, who)}){applies}"
             if typ is bool:
                 decl = typer.Option(f"{flag}/--no-{flag[2:]}", help=help_text, show_default=False)
             else:

@@ -67,7 +67,7 @@ def quantize_weights(model, cfg: QuantConfig, calib: torch.Tensor | None) -> Non
         for q in linears.values():
             q.observer = None
         for role, q in linears.items():
-            codes, scale = gptq_weight(q.weight, hess.gram[role].cpu(), cfg.w_bits, cfg.w_clip, cfg.gptq_damp,
+            codes, scale = gptq_weight(q.weight, hess.gram[role], cfg.w_bits, cfg.w_clip, cfg.gptq_damp,
                                        cfg.gptq_block_size)
             q.set_quantized(codes.to(q.weight.device), scale, cfg.w_bits)
 
@@ -95,7 +95,7 @@ def install_low_rank_transitions(model, rot, rank: int) -> dict:
             m = LowRankTransition(hidden, basis.shape[1], dtype=dtype)
             m.basis.copy_(basis.to(dtype))
             m.core.copy_(core.to(dtype))
-            dense = torch.eye(hidden, dtype=torch.float64) + basis @ core @ basis.T
+            dense = torch.eye(hidden, dtype=torch.float64, device=t.device) + basis @ core @ basis.T
             errors.append(float(torch.linalg.norm(dense - t)))
             mods.append(m.to(next(layer.parameters()).device))
         install_transitions(layer, mods[0], mods[1])

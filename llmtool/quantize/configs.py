@@ -61,6 +61,10 @@ class RTNConfig(QuantConfig):
 class QuaRotConfig(QuantConfig):
     name: ClassVar[str] = "quarot"
     help: ClassVar[str] = "Random Hadamard rotations, no training (baseline)."
+    # QuaRot's own activation quantizer (its reference runs): symmetric, clip ratio 0.9 (SpinQuant's
+    # asymmetric, unclipped quantizer is the shared default of the other methods).
+    a_symmetric: bool = option(True, "Symmetric activations (off: asymmetric).", flag="--a-sym")
+    a_clip_ratio: float = option(0.9, "Activation clip ratio in (0, 1].", min=0.0, exclusive_min=True, max=1.0)
 
     def rotate(self, model, calib):
         from llmtool.quantize.quarot import rotate

@@ -18,18 +18,18 @@ def gptq_weight(w: torch.Tensor, hessian: torch.Tensor, bits: int, clip: bool = 
                 block_size: int = 128) -> tuple[torch.Tensor, torch.Tensor]:
     """(codes uint8 [out, in], scale [out, 1]) of ``w`` minimising ‖(W − Ŵ) X‖ greedily."""
     W = w.detach().float().clone()
-    H = hessian.detach().float().clone()
+    H = hessian.detach().to(device=W.device, dtype=torch.float32).clone()  # on the weight's device
     n = W.shape[1]
     dead = torch.diag(H) == 0
     H[dead, dead] = 1
     W[:, dead] = 0
     scale = weight_scale(W, bits, clip)
     zero, maxq = weight_zero(bits), 2 ** bits - 1
-    H += damp * torch.mean(torch.diag(H)) * torch.eye(n, dtype=H.dtype)
+    H += damp * torch.mean(torch.diag(H)) * torch.eye(n, dtype=H.dtype, device=H.device)
     L = torch.linalg.cholesky(H)
     Hinv = torch.cholesky_inverse(L)
     Hinv = torch.linalg.cholesky(Hinv, upper=True)
-    codes = torch.zeros(W.shape, dtype=torch.uint8)
+    codes = torch.zeros(W.shape, dtype=torch.uint8, device=W.device)
     s = scale[:, 0]
     for i1 in range(0, n, block_size):
         i2 = min(i1 + block_size, n)

@@ -137,7 +137,7 @@ def build_rotations(model, cfg: QuantConfig, tied: bool) -> R.RotationSet:
 def rotate(model, config: RotationTrainingConfig, calib, tied: bool):
     R.prepare(model)
     R.fuse_down_hadamard(model)
-    rot = build_rotations(model, config, tied)
+    rot = build_rotations(model, config, tied).to(next(model.parameters()).device)
     losses = []
     if config.train_steps > 0:
         if calib is None:

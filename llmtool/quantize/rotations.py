@@ -91,7 +91,7 @@ def fuse_down_hadamard(model) -> None:
     """``W_down ← W_down H`` so that an online ``x H`` before down_proj keeps the product unchanged."""
     for layer in decoder_layers(model):
         w = arch.linear(layer, "down").weight
-        h = hadamard_matrix(w.shape[1], dtype=torch.float64)
+        h = hadamard_matrix(w.shape[1], dtype=torch.float64, device=w.device)
         w.copy_((w.double() @ h).to(w.dtype))
 
 
@@ -172,15 +172,15 @@ def approximate_transition(t: torch.Tensor, rank: int, tol: float = 1e-12) -> tu
     eye = torch.eye(d, dtype=t.dtype, device=t.device)
     delta = t - eye
     if rank == 0:
-        return torch.zeros(d, 0, dtype=t.dtype), torch.zeros(0, 0, dtype=t.dtype)
+        return torch.zeros(d, 0, dtype=t.dtype, device=t.device), torch.zeros(0, 0, dtype=t.dtype, device=t.device)
     if not torch.isfinite(delta).all():
         raise ValueError("transition matrix has non-finite entries")
     if delta.abs().max() <= tol:
         q = eye[:, :rank].clone()
-        return q, torch.zeros(rank, rank, dtype=t.dtype)
+        return q, torch.zeros(rank, rank, dtype=t.dtype, device=t.device)
     u, _, _ = torch.linalg.svd(delta)
     q = u[:, :rank]
-    core = polar(q.T @ t @ q) - torch.eye(rank, dtype=t.dtype)
+    core = polar(q.T @ t @ q) - torch.eye(rank, dtype=t.dtype, device=t.device)
     return q, core
 
 
@@ -189,9 +189,10 @@ def fuse(model, rot: RotationSet) -> None:
     """Write the rotated weights into ``model`` (computed in float64, cast back)."""
     cfg = model.config
     layers = decoder_layers(model)
-    rot64 = RotationSet(rot.num_layers, rot.r1(0).shape[0], rot.r3(0).shape[0], rot.tied, torch.float64)
+    device = arch.embed(model).weight.device  # rotations may be built on the CPU: fuse on the model's device
+    rot64 = RotationSet(rot.num_layers, rot.r1(0).shape[0], rot.r3(0).shape[0], rot.tied, torch.float64).to(device)
     for a, b in zip(rot64.matrices(), rot.matrices()):
-        a.data.copy_(b.detach().double())
+        a.data.copy_(b.detach().double().to(device))
     for i, layer in enumerate(layers):
         orig = {r: arch.linear(layer, r).weight.detach().double() for r in arch.ROLES}
         for r, w in layer_weights(orig, rot64, i, cfg).items():
