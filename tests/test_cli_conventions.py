@@ -68,6 +68,16 @@ def test_option_names_follow_the_dialect():
     assert not problems, "\n".join(problems)
 
 
+def test_no_command_redefines_a_global_option():
+    """A global option after the verb is moved before it (cli.hoist_globals), so a command's own --seed or
+    --device would silently never receive the value."""
+    from llmtool.cli import GLOBAL_FLAGS
+
+    problems = [f"{' '.join(path)}: {opt}" for path, cmd in _leaf_commands() for param in cmd.params
+                for opt in getattr(param, "opts", []) if opt in GLOBAL_FLAGS]
+    assert not problems, "commands shadowing a global option: " + ", ".join(problems)
+
+
 def test_method_choices_come_from_a_registry():
     """A command with --method is derived from a registry (core.registry.method_options)."""
     problems = []

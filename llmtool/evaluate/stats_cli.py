@@ -19,10 +19,6 @@ Responses = typer.Option(None, "--responses", help="Per-item results: one wide/l
                          "lm-eval samples .jsonl per model (NAME=path). Repeatable.")
 
 
-def _seed(seed: Optional[int]) -> int:
-    return OPTIONS.seed if seed is None else seed
-
-
 def _matrix(responses: list[str], metric: Optional[str]):
     from llmtool.evaluate.results_io import complete_items, load_matrix
 
@@ -59,7 +55,6 @@ def sysr_cmd(
     queries: Optional[Path] = typer.Option(None, "--queries", help="Live mode: bench.jsonl with id, prompt, reference."),
     scorer: str = typer.Option("exact_match", help="Live mode scorer: exact_match or contains."),
     cache: Optional[Path] = typer.Option(None, help="Live mode cache (default: OUT with suffix .cache.parquet)."),
-    seed: Optional[int] = typer.Option(None, help="Query-order seed (default: global --seed)."),
     out: Optional[Path] = typer.Option(None, "-o", "--out", help="Write sysr_run.json here."),
     overwrite: bool = typer.Option(False, "--overwrite", help="Replace OUT if it exists."),
 ) -> None:
@@ -70,7 +65,7 @@ def sysr_cmd(
 
     if out is not None:
         check_output(out, overwrite)
-    seed = _seed(seed)
+    seed = OPTIONS.seed
     live = models is not None or queries is not None
     if live and responses:
         raise UsageError("give either --responses (replay) or --models/--queries (live), not both")
@@ -153,7 +148,6 @@ def bai_sim_cmd(
     reps: int = typer.Option(500, min=1, help="Replays per (method, budget)."),
     lrf_reps: int = typer.Option(100, min=1, help="Replays for ucbe-lrf (slow)."),
     delta: float = typer.Option(0.05, help="Target error for the budget-needed summary."),
-    seed: Optional[int] = typer.Option(None, help="Replay seed (default: global --seed)."),
     out: Path = typer.Option(..., "-o", "--out", help="bai_results.csv (bai_summary.json is written beside it)."),
     overwrite: bool = typer.Option(False, "--overwrite"),
 ) -> None:
@@ -185,7 +179,7 @@ def bai_sim_cmd(
         mat = _matrix(responses, metric)
     else:
         raise UsageError("give --responses FILE or --synthetic irt")
-    rows = B.simulate(mat, method_list, fracs, reps, _seed(seed), benchmark=Path(mat.source).stem
+    rows = B.simulate(mat, method_list, fracs, reps, OPTIONS.seed, benchmark=Path(mat.source).stem
                       if synthetic is None else mat.source, reps_per_method={"ucbe-lrf": lrf_reps}, progress=progress)
     from llmtool.core.checkpoint import atomic_file
 
@@ -216,7 +210,6 @@ def judge_cmd(
     nu_mode: str = typer.Option("item", help="BTD tie model: item (per-item nu) or shared."),
     frame: str = typer.Option("canonical", help="canonical (rating > 0 = A better) or presented (mirror BA votes)."),
     load_calib: Optional[Path] = typer.Option(None, "--load-calib", help="Reuse a calib.json instead of fitting."),
-    seed: Optional[int] = typer.Option(None, help="Seed of the calibration split."),
     out: Path = typer.Option(..., "-o", "--out", help="agg.jsonl (calib.json and judge_report.json beside it)."),
     overwrite: bool = typer.Option(False, "--overwrite"),
 ) -> None:
@@ -244,7 +237,7 @@ def judge_cmd(
         except json.JSONDecodeError as e:
             raise UsageError(f"{load_calib}: malformed JSON ({e.msg})") from None
         fit, cal = J.load_calib_document(doc, str(load_calib))
-    run = J.run_judge(counts, labels, calib_ids, calib_frac, nu_mode, methods, seed=_seed(seed), fit=fit,
+    run = J.run_judge(counts, labels, calib_ids, calib_frac, nu_mode, methods, seed=OPTIONS.seed, fit=fit,
                       calibration=cal)
     records = [rec for m in methods for rec in J.agg_records(counts, run.aggregates[m])]
     write_jsonl(out, records)
@@ -266,7 +259,6 @@ def judge_synth_cmd(
     omega: float = typer.Option(0.5, help="sd of log nu_i (0 = shared nu)."),
     nu_h: float = typer.Option(2.0, help="Human tie parameter."),
     swap: bool = typer.Option(True, help="Write half of the votes in BA order (presented frame)."),
-    seed: Optional[int] = typer.Option(None),
     overwrite: bool = typer.Option(False, "--overwrite"),
 ) -> None:
     """Synthetic judge votes and human labels with planted Davidson parameters (for tests and demos)."""
@@ -275,7 +267,7 @@ def judge_synth_cmd(
     from llmtool.core.checkpoint import atomic_output
     from llmtool.evaluate import judge_btd as J
 
-    seed = _seed(seed)
+    seed = OPTIONS.seed
     counts, theta, log_nu = J.synthetic_counts(items, tau, 0.0, omega, n_votes, seed, shared=omega == 0)
     h = J.synthetic_human(theta, nu_h, seed + 1)
     rng = np.random.default_rng(seed + 2)
@@ -328,7 +320,6 @@ def autograder_fit_cmd(
     max_tree_depth: int = typer.Option(10, min=1),
     agreement_units: str = typer.Option("", help="Also compute Krippendorff alpha with these unit columns, e.g. item,LLM."),
     counterfactual: str = typer.Option("", help="Bias terms to zero for counterfactual alpha, e.g. grader_effects."),
-    seed: Optional[int] = typer.Option(None),
     tag: str = typer.Option(""),
     out: Path = typer.Option(..., "-o", "--out", help="Output directory."),
     overwrite: bool = typer.Option(False, "--overwrite"),
@@ -351,7 +342,7 @@ def autograder_fit_cmd(
                       standardise=_csv_list(standardise), random=_csv_list(random), hierarchical=hierarchical,
                       group_map=G.parse_group_map(group_map), pair_param=pair_param, coding=coding, trials=trials,
                       chains=chains, samples=samples, warmup=warmup, target_accept=target_accept,
-                      max_tree_depth=max_tree_depth, seed=_seed(seed), tag=tag)
+                      max_tree_depth=max_tree_depth, seed=OPTIONS.seed, tag=tag)
     G.validate_config(cfg)
     rows = read_table(data)
     info(f"NUTS: {chains} chains x ({warmup} warm-up + {samples} draws) on {len(rows)} rows")

@@ -27,7 +27,7 @@ def generate_command(
     train: int = typer.Option(100, "--train", min=0, help="Training examples (even)."),
     val: int = typer.Option(100, "--val", min=0, help="Validation examples (even)."),
     test: int = typer.Option(10_000, "--test", min=0, help="Test examples (even)."),
-    seed: int = typer.Option(42, "--seed", help="Data seed (the derived seed also hashes task, L and sizes)."),
+    seed: int = typer.Option(42, "--data-seed", help="Data seed (the derived seed also hashes task, L and sizes; the global --seed does not change the data)."),
     overwrite: Overwrite = False,
 ) -> None:
     """Write OUT/{train,val,test}.txt (`input -> label` lines) and OUT/meta.json."""

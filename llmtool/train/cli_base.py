@@ -34,7 +34,6 @@ Resume = Annotated[Optional[Path], typer.Option("--resume", help="A checkpoint-N
                                                 "continue from (optimizer and clipper state included).")]
 Window = Annotated[int, typer.Option("--spike-window", min=1, help="Spike-score rolling window (updates).")]
 Sigma = Annotated[float, typer.Option("--spike-sigma", min=0.0, help="Spike-score threshold in std devs.")]
-Seed = Annotated[int, typer.Option("--seed", help="Seed (init, data order, faults).")]
 
 
 def _args(lr, steps, batch_size, grad_accum, max_length, beta2, eps, warmup, wd, sched, save_steps, seed):
@@ -99,15 +98,16 @@ def pretrain(
     resume: Resume = None,
     spike_window: Window = 100,
     spike_sigma: Sigma = 7.0,
-    seed: Seed = 0,
     overwrite: Overwrite = False,
 ):
-    """Pretrain a small Llama from scratch (default model's tokenizer) with a clipping policy."""
-    from llmtool.core.console import emit
+    """Pretrain a small Llama from scratch (default model's tokenizer) with a clipping policy. The global
+    --seed sets the initialisation, data order and faults."""
+    from llmtool.core.console import OPTIONS, emit
     from llmtool.core.job import job
     from llmtool.core.models import load_tokenizer
     from llmtool.train.pretrain import eval_loss, pretrain_blocks, tiny_llama
 
+    seed = OPTIONS.seed
     args = _args(lr, steps, batch_size, grad_accum, max_length, adam_beta2, adam_epsilon, warmup_ratio,
                  weight_decay, lr_scheduler, save_steps, seed)
     args.validate()
@@ -155,14 +155,14 @@ def sft(
     resume: Resume = None,
     spike_window: Window = 100,
     spike_sigma: Sigma = 7.0,
-    seed: Seed = 0,
     overwrite: Overwrite = False,
 ):
-    """Fine-tune MODEL (full fine-tune) with a clipping policy."""
-    from llmtool.core.console import emit
+    """Fine-tune MODEL (full fine-tune) with a clipping policy (data order seeded by the global --seed)."""
+    from llmtool.core.console import OPTIONS, emit
     from llmtool.core.job import job
     from llmtool.train.sft import load_sft_rows
 
+    seed = OPTIONS.seed
     args = _args(lr, steps, batch_size, grad_accum, max_length, adam_beta2, adam_epsilon, warmup_ratio,
                  weight_decay, lr_scheduler, save_steps, seed)
     args.validate()
