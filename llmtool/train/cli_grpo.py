@@ -50,6 +50,9 @@ def grpo(
     kl_coef: Annotated[float, typer.Option("--kl-coef", help="KL-to-reference weight beta (0 = no reference).")] = 0.0,
     entropy_coef: Annotated[float, typer.Option("--entropy-coef", help="Token-entropy bonus weight.")] = 0.0,
     max_grad_norm: Annotated[float, typer.Option("--max-grad-norm", help="Global gradient clipping (0 = off).")] = 1.0,
+    grad_clip: Annotated[str, typer.Option("--grad-clip", help="Gradient-clipping policy: global (--max-grad-norm), "
+                                           "adagc, zclip, local-fixed or none, with the defaults of "
+                                           "`train pretrain --clip` (--clip here is the PPO ratio clip).")] = "global",
     temperature: Annotated[float, typer.Option("--temperature", help="Sampling temperature.")] = 1.0,
     top_p: Annotated[float, typer.Option("--top-p", help="Nucleus sampling.")] = 1.0,
     max_new_tokens: Annotated[int, typer.Option("--max-new-tokens", help="Response length limit.")] = 64,
@@ -85,7 +88,7 @@ def grpo(
             raise UsageError("--no-clip conflicts with --loss " + loss)
         loss = "ratio"
     settings = GRPOSettings(steps=steps, group_size=group_size, prompts_per_rollout=prompts_per_rollout,
-                            mini_batch=mini_batch, micro_batch=micro_batch, lr=lr, max_grad_norm=max_grad_norm,
+                            mini_batch=mini_batch, micro_batch=micro_batch, lr=lr, max_grad_norm=max_grad_norm, grad_clip=grad_clip,
                             loss_type=loss, clip_eps=clip_eps, clip_eps_high=clip_eps_high, loss_agg=loss_agg,
                             kl_coef=kl_coef, entropy_coef=entropy_coef, temperature=temperature, top_p=top_p,
                             max_new_tokens=max_new_tokens, gen_batch_size=batch_size, seed=OPTIONS.seed,

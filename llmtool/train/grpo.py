@@ -170,6 +170,7 @@ class GRPOSettings:
     lr: float = 1e-6
     weight_decay: float = 0.0
     max_grad_norm: float = 1.0        # global clipping (0 = off)
+    grad_clip: str = "global"         # gradient-clipping policy of `--clip` in train pretrain/sft (defaults)
     loss_type: str = "clip"
     clip_eps: float = 0.2
     clip_eps_high: float | None = None
@@ -197,6 +198,10 @@ class GRPOSettings:
             v = getattr(self, k)
             if not math.isfinite(v) or v < 0:
                 raise UsageError(f"--{k.replace('_', '-')} {v}: must be a finite number >= 0")
+        from llmtool.train.clipping import CLIPPERS
+
+        if self.grad_clip not in CLIPPERS.names():
+            raise UsageError(f"--grad-clip {self.grad_clip!r}: choose one of {', '.join(CLIPPERS.names())}")
         if self.clip_eps_high is not None and (not math.isfinite(self.clip_eps_high) or self.clip_eps_high < 0):
             raise UsageError(f"--clip-eps-high {self.clip_eps_high}: must be a finite number >= 0")
         if self.lr == 0:
@@ -286,6 +291,13 @@ class GRPOTrainerLoop:
         params = [p for p in model.parameters() if p.requires_grad]
         self.optimizer = torch.optim.AdamW(params, lr=settings.lr, weight_decay=settings.weight_decay)
         self.model, self.optimizer = self.acc.prepare(self.model, self.optimizer)
+        self.clipper = None  # "global" keeps accelerate's clip_grad_norm_ (works under every launcher)
+        if settings.grad_clip != "global":
+            from llmtool.train.clipping import CLIPPERS, refuse_deepspeed_zero
+
+            refuse_deepspeed_zero(self.acc)
+            self.clipper = CLIPPERS.build(settings.grad_clip).build(
+                self.acc.unwrap_model(self.model).named_parameters())
         self.ref_model = ref_model
         if ref_model is not None:
             ref_model.to(self.acc.device).eval()
@@ -475,8 +487,11 @@ class GRPOTrainerLoop:
                 rmin, rmax = min(rmin, r_sel.min().item()), max(rmax, r_sel.max().item())
             sums["entropy"] += (out["entropy"].detach() * m).sum().item()
             ntok += m.sum().item()
-        grad_norm = None
-        if s.max_grad_norm > 0:
+        grad_norm, clip_fraction = None, None
+        if self.clipper is not None:
+            stats = self.clipper.clip_().as_dict()
+            grad_norm, clip_fraction = stats.get("grad_norm"), stats.get("clip_fraction")
+        elif s.max_grad_norm > 0:
             grad_norm = float(self.acc.clip_grad_norm_(self.model.parameters(), s.max_grad_norm))
         else:
             grad_norm = float(torch.norm(torch.stack([p.grad.detach().norm() for p in self.model.parameters()
@@ -489,7 +504,8 @@ class GRPOTrainerLoop:
                 "clip_frac_high": sums["clip_high"] / ntok,
                 "clip_frac": (sums["clip_low"] + sums["clip_high"]) / ntok,
                 "ratio_mean": sums["ratio_sum"] / ntok, "ratio_min": rmin, "ratio_max": rmax,
-                "kl": sums["kl"] / ntok, "entropy": sums["entropy"] / ntok, "grad_norm": grad_norm}
+                "kl": sums["kl"] / ntok, "entropy": sums["entropy"] / ntok, "grad_norm": grad_norm,
+                **({"grad_clip_fraction": clip_fraction} if self.clipper is not None else {})}
 
     # ------------------------------------------------------------------ checkpoints
     def save_checkpoint(self, root: Path) -> Path:
@@ -502,7 +518,9 @@ class GRPOTrainerLoop:
         with atomic_output(target, overwrite=True) as tmp:
             self.acc.unwrap_model(self.model).save_pretrained(tmp, safe_serialization=True)
             torch.save({"optimizer": self.optimizer.state_dict(), "phase": self.phase, "step": self.step,
-                        "history": self.history}, tmp / "trainer_state.pt")
+                        "history": self.history,
+                        "clipper": self.clipper.state_dict() if self.clipper is not None else None},
+                       tmp / "trainer_state.pt")
             (tmp / "progress.json").write_text(json.dumps({"phase": self.phase, "step": self.step,
                                                            "config": getattr(self, "config_record", None) or {}},
                                                           default=str))
@@ -523,6 +541,8 @@ class GRPOTrainerLoop:
             model.tie_weights()
         ts = torch.load(path / "trainer_state.pt", weights_only=False)
         self.optimizer.load_state_dict(ts["optimizer"])
+        if self.clipper is not None and ts.get("clipper") is not None:
+            self.clipper.load_state_dict(ts["clipper"])
         self.phase, self.step, self.history = ts["phase"], ts["step"], ts["history"]
 
     # ------------------------------------------------------------------ run
