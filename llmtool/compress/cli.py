@@ -30,7 +30,11 @@ def compress(
     overwrite: Overwrite = False,
 ) -> None:
     """Low-rank compression of every q/k/v/o/gate/up/down projection of MODEL into OUT."""
+    from llmtool.compress.run import check_config
     from llmtool.compress.run import compress as run
+    from llmtool.core.preflight import preflight
+
+    preflight(model, out, overwrite=overwrite, check_config=check_config)  # fail fast, before torch is imported
 
     cfg = dataclasses.replace(config, ratio=ratio, calib_data=calib_data, calib_samples=calib_samples,
                               calib_seqlen=calib_seqlen, batch_size=batch_size, seed=OPTIONS.seed)

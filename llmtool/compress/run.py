@@ -9,9 +9,21 @@ predicted loss-change totals, stored parameter count, disk size, timings, peak R
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from llmtool.compress.pipeline import CompressConfig, compress_model
 from llmtool.core.console import UsageError, info
+
+if TYPE_CHECKING:  # torch stays out of the import of this module (the preflight imports it)
+    from llmtool.compress.pipeline import CompressConfig
+
+
+def check_config(src, config: dict) -> None:
+    """The checks of a checkpoint's config.json that concern `compress` (torch-free, for the preflight)."""
+    if "llmtool_lowrank" in config:
+        raise UsageError(f"{src}: already a low-rank checkpoint (compress the original model instead)")
+    if "llmtool_quant" in config:
+        raise UsageError(f"{src}: a quantized checkpoint of `llmtool quantize`; compress needs full-precision "
+                         "weights (compress the original model instead)")
 
 
 def compress(model_arg: str, out: Path, cfg: CompressConfig, overwrite: bool = False,
@@ -21,6 +33,7 @@ def compress(model_arg: str, out: Path, cfg: CompressConfig, overwrite: bool = F
     import dataclasses
 
     from llmtool.compress.lowrank import FORMAT_KEY, save_lowrank, stored_param_count
+    from llmtool.compress.pipeline import compress_model
     from llmtool.core import data as data_mod
     from llmtool.core.checkpoint import copy_tokenizer, dir_size_bytes, read_config
     from llmtool.core.evalkit import peak_rss_mb
@@ -34,14 +47,10 @@ def compress(model_arg: str, out: Path, cfg: CompressConfig, overwrite: bool = F
     if hasattr(cfg, "stages"):
         resolved["stages"] = cfg.resolved_stages()
     cfg = dataclasses.replace(cfg, **resolved)
-    with job("compress", out, overwrite=overwrite, config=cfg, model=model_arg, seed=cfg.seed) as j:
+    with job("compress", out, overwrite=overwrite, config=cfg, model=model_arg, seed=cfg.seed,
+             check_config=check_config) as j:
         src = j.model_path
         config = read_config(src)
-        if FORMAT_KEY in config:
-            raise UsageError(f"{src}: already a low-rank checkpoint (compress the original model instead)")
-        if "llmtool_quant" in config:
-            raise UsageError(f"{src}: a quantized checkpoint of `llmtool quantize`; compress needs full-precision "
-                             "weights (compress the original model instead)")
         tok = j.tokenizer
         needs_data = cfg.needs_data
         calib = grad = None

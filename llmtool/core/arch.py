@@ -25,11 +25,12 @@ API (``model`` is a loaded ``*ForCausalLM``; ``layer`` one decoder block)::
 """
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass, field
 
-import torch
-
 from llmtool.core.console import UsageError
+
+# torch is not imported here: arch_of/require on a config dict run in a command's preflight, before torch.
 
 ROLES = ("q", "k", "v", "o", "gate", "up", "down")
 ATTENTION_ROLES = ("q", "k", "v", "o")
@@ -113,7 +114,8 @@ def require(model_or_config, command: str, bias_free: bool = False) -> Arch:
         cfg = _cfg(model_or_config)
         get = cfg.get if isinstance(cfg, dict) else (lambda k, d=None: getattr(cfg, k, d))
         biased = bool(get("attention_bias", False) or get("mlp_bias", False) or arch.biased_roles)
-        if not biased and isinstance(model_or_config, torch.nn.Module):
+        torch = sys.modules.get("torch")  # a model can only exist once torch is imported
+        if not biased and torch is not None and isinstance(model_or_config, torch.nn.Module):
             layer = decoder_layers(model_or_config)[0]
             biased = any(getattr(linear(layer, r, arch), "bias", None) is not None for r in ROLES)
         if biased:
@@ -172,7 +174,7 @@ def linear_names(model, roles=ROLES, check_linear: bool = True) -> list[list[str
                 mod = layer.get_submodule(path)
             except AttributeError:
                 mod = None
-            if check_linear and not isinstance(mod, torch.nn.Linear):
+            if check_linear and not isinstance(mod, sys.modules["torch"].nn.Linear):
                 raise UsageError(f"unsupported architecture {type(model).__name__}: {prefix}.{i}.{path} is not a "
                                  "Linear (expected Llama-style q/k/v/o/gate/up/down projections)")
             names.append(f"{prefix}.{i}.{path}")

@@ -97,7 +97,7 @@ def job(command: str, out: Path | str, *, overwrite: bool = False, config: Any =
 
     model_path = None
     if model is not None:
-        from llmtool.core.models import check_causal_lm, check_weights, resolve_model
+        from llmtool.core.preflight import check_causal_lm, check_weights, resolve_model
 
         model_path = resolve_model(model)
         if check_model:

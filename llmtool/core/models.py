@@ -23,8 +23,11 @@ import transformers  # noqa: E402
 transformers.utils.logging.set_verbosity_error()
 transformers.utils.logging.disable_progress_bar()
 
-from llmtool.core.checkpoint import read_config  # noqa: E402
+from llmtool.core.checkpoint import read_config  # noqa: E402,F401
 from llmtool.core.console import OPTIONS, UsageError  # noqa: E402
+# the torch-free checks live in core.preflight (commands run them before heavy imports); re-exported here
+from llmtool.core.preflight import (check_causal_lm, check_weights, refuse_remote_code,  # noqa: E402,F401
+                                    resolve_model)
 
 FORMAT_MODULES = {
     "llmtool_lowrank": "llmtool.compress.lowrank",
@@ -53,60 +56,6 @@ def parse_device(name: str | None) -> torch.device:
         return torch.device(name)
     except RuntimeError:
         raise UsageError(f"unknown --device {name!r}") from None
-
-
-def resolve_model(model: str | os.PathLike) -> Path:
-    """A model argument is a directory or the alias of a packaged default (materialized on first use)."""
-    path = Path(model).expanduser()
-    if path.is_dir():
-        read_config(path)  # raises a clear error when config.json is missing
-        return path
-    from llmtool.core import defaults
-
-    if str(model) in defaults.MODELS:
-        return defaults.ensure_model(str(model))
-    if path.exists():
-        raise UsageError(f"{path}: not a directory (give a model directory or a default alias)")
-    raise UsageError(
-        f"{model}: no such model directory or default alias (aliases: {', '.join(defaults.MODELS)})"
-    )
-
-
-def check_causal_lm(path: Path, config: dict | None = None) -> dict:
-    config = config if config is not None else read_config(path)
-    archs = config.get("architectures") or []
-    if not any(str(a).endswith("ForCausalLM") for a in archs):
-        raise UsageError(
-            f"{path}: not a causal language model (config.json architectures={archs or 'missing'}); "
-            "llmtool needs a *ForCausalLM checkpoint"
-        )
-    return config
-
-
-def refuse_remote_code(path: Path, config: dict | None = None) -> None:
-    """A checkpoint whose config asks to run its own code (``auto_map``) is refused: llmtool never runs
-    remote code, and transformers would otherwise ask on a terminal."""
-    import json
-
-    config = config if config is not None else read_config(path)
-    if "auto_map" in config:
-        raise UsageError(f"{path}/config.json: auto_map asks to run the checkpoint's own code; "
-                         "llmtool never runs remote code")
-    tc = Path(path) / "tokenizer_config.json"
-    if tc.is_file():
-        try:
-            if "auto_map" in json.loads(tc.read_text()):
-                raise UsageError(f"{tc}: auto_map asks to run the checkpoint's own code; llmtool never runs remote code")
-        except (json.JSONDecodeError, UnicodeDecodeError):
-            raise UsageError(f"{tc}: invalid JSON") from None
-
-
-def check_weights(path: Path) -> None:
-    """Every weight file's safetensors header is checked against its size before anything loads it."""
-    from llmtool.core.checkpoint import check_safetensors, weight_files
-
-    for f in weight_files(path):
-        check_safetensors(f)
 
 
 def check_finite(model, path: Path | str) -> None:

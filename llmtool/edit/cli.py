@@ -57,6 +57,9 @@ def apply_command(
     overwrite: Overwrite = False,
 ) -> None:
     """Edit MODEL with the requests in EDITS and write the edited checkpoint to OUT."""
+    from llmtool.core.preflight import preflight
+
+    preflight(model, out, overwrite=overwrite)  # fail fast, before torch is imported
     from llmtool.core.checkpoint import read_config
     from llmtool.core.models import resolve_model
     from llmtool.edit.presets import preset_for

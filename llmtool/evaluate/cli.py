@@ -60,6 +60,9 @@ def ppl(
     batch_size: int = typer.Option(4, min=1, help="Windows per forward pass."),
 ) -> None:
     """Perplexity of MODEL on a text (protocol in llmtool.core.evalkit)."""
+    from llmtool.core.preflight import preflight
+
+    preflight(model)  # fail fast, before torch is imported
     from llmtool.core import data as data_mod
     from llmtool.core.evalkit import perplexity
     from llmtool.core.models import load_model, load_tokenizer

@@ -48,6 +48,9 @@ def generate_cmd(
     compress_question: CompressQ = False,
 ) -> None:
     """Greedy generation for each prompt with the chosen KV compression; reports KV bytes held and decode tokens/s."""
+    from llmtool.core.preflight import preflight
+
+    preflight(model, out, inputs=(prompts,), overwrite=overwrite)  # fail fast, before torch is imported
     from llmtool.core.data import read_jsonl, tokenize, write_jsonl
     from llmtool.kvcache.pipeline import generate
 
@@ -144,6 +147,9 @@ def evaluate_cmd(
     config: MethodConfig = None,
 ) -> None:
     """Accuracy on seeded RULER-style tasks, or decode perplexity, under the chosen KV compression."""
+    from llmtool.core.preflight import preflight
+
+    preflight(model)  # fail fast, before torch is imported
     from llmtool.kvcache.tasks import TASKS
 
     spec = _spec(config)

@@ -32,8 +32,10 @@ def quantize(
     overwrite: Overwrite = False,
 ) -> None:
     """Quantize MODEL's weights and activations (simulated W4A4/W3A3, packed int weights) into OUT."""
-    from llmtool.quantize.runner import run_quantize
+    from llmtool.core.preflight import preflight
+    from llmtool.quantize.runner import config_check, run_quantize
 
+    preflight(model, out, overwrite=overwrite, check_config=config_check(config))  # before torch is imported
     result = run_quantize(model=model, out=Path(out), cfg=config, calib_data=calib_data, calib_samples=calib_samples,
                           calib_seqlen=calib_seqlen, evaluate=evaluate, eval_data=eval_data, seqlen=seqlen,
                           max_tokens=max_tokens, overwrite=overwrite)

@@ -17,23 +17,9 @@ def make_config(method: str, **kw):
     return METHODS.build(method, **kw)
 
 
-def run_quantize(model, out: Path, cfg, calib_data: str, calib_samples: int, calib_seqlen: int, evaluate: bool,
-                 eval_data: str, seqlen: int, max_tokens: int, overwrite: bool) -> dict:
-    """Quantize MODEL into OUT inside the shared job wrapper (OUT checked first, seeded, atomic output,
-    provenance = the method config as a dict, run settings under ``run``, metrics in report.json)."""
-    import dataclasses
-
-    from llmtool.core import data as data_mod
+def config_check(cfg):
+    """The checks of a checkpoint's config.json that concern `quantize` (torch-free, for the preflight)."""
     from llmtool.core.arch import require
-    from llmtool.core.checkpoint import dir_size_bytes, read_config
-    from llmtool.core.console import OPTIONS
-    from llmtool.core.evalkit import peak_rss_mb, perplexity, timer
-    from llmtool.core.job import job
-    from llmtool.quantize.formats import quant_block, save_quantized
-
-    cfg = dataclasses.replace(cfg, seed=OPTIONS.seed)
-    cfg.validate()
-    method = cfg.name
 
     def check_config(src, config):
         require(config, "llmtool quantize", bias_free=True)
@@ -45,6 +31,27 @@ def run_quantize(model, out: Path, cfg, calib_data: str, calib_samples: int, cal
         if getattr(cfg, "rank", None) is not None and cfg.rank > config["hidden_size"]:
             raise UsageError(f"--rank {cfg.rank}: must be at most the hidden size {config['hidden_size']}")
 
+    return check_config
+
+
+def run_quantize(model, out: Path, cfg, calib_data: str, calib_samples: int, calib_seqlen: int, evaluate: bool,
+                 eval_data: str, seqlen: int, max_tokens: int, overwrite: bool) -> dict:
+    """Quantize MODEL into OUT inside the shared job wrapper (OUT checked first, seeded, atomic output,
+    provenance = the method config as a dict, run settings under ``run``, metrics in report.json)."""
+    import dataclasses
+
+    from llmtool.core import data as data_mod
+    from llmtool.core.checkpoint import dir_size_bytes, read_config
+    from llmtool.core.console import OPTIONS
+    from llmtool.core.evalkit import peak_rss_mb, perplexity, timer
+    from llmtool.core.job import job
+    from llmtool.quantize.formats import quant_block, save_quantized
+
+    cfg = dataclasses.replace(cfg, seed=OPTIONS.seed)
+    cfg.validate()
+    method = cfg.name
+
+    check_config = config_check(cfg)
     with job("quantize", out, overwrite=overwrite, config=cfg, model=model, check_config=check_config) as j:
         src = j.model_path
         tok, m = j.tokenizer, j.model

@@ -117,6 +117,9 @@ def make_experts(
 ) -> None:
     """Fine-tune MODEL into one expert per domain of --data (OUT/<domain>/, ordinary HF checkpoints),
     through the shared transformers Trainer (accelerate launch scales it)."""
+    from llmtool.core.preflight import preflight
+
+    preflight(model, out, inputs=(data,), overwrite=overwrite)  # fail fast, before torch is imported
     from llmtool.core.job import job
     from llmtool.core.models import load_model, load_tokenizer
     from llmtool.core.trainer import sft

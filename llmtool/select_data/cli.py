@@ -138,6 +138,9 @@ def features_cmd(pool: Pool, out: OutDirArg,
                  batch_size: Annotated[int, typer.Option("--batch-size", min=1, help="Throughput only.")] = 8,
                  overwrite: Overwrite = False):
     """One greedy rollout per prompt and the hidden-state anchors SHIFT and its baselines read."""
+    from llmtool.core.preflight import preflight
+
+    preflight(model, out, inputs=(pool,), overwrite=overwrite)  # fail fast, before torch is imported
     import numpy as np
 
     from llmtool.core.job import job

@@ -158,6 +158,9 @@ def sft(
     overwrite: Overwrite = False,
 ):
     """Fine-tune MODEL (full fine-tune) with a clipping policy (data order seeded by the global --seed)."""
+    from llmtool.core.preflight import preflight
+
+    preflight(model, out, inputs=(data,), overwrite=overwrite)  # fail fast, before torch is imported
     from llmtool.core.console import OPTIONS, emit
     from llmtool.core.job import job
     from llmtool.train.sft import load_sft_rows

@@ -74,6 +74,9 @@ def grpo(
 ) -> None:
     """GRPO (RLVR) on MODEL with a verifier or spurious reward; writes the trained model, metrics.jsonl
     (one line per optimizer step) and llmtool.json to OUT."""
+    from llmtool.core.preflight import preflight
+
+    preflight(model, out, overwrite=overwrite)  # fail fast, before torch is imported
     import shutil
 
     from llmtool.core.console import OPTIONS, UsageError, emit, info
