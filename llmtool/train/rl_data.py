@@ -171,24 +171,17 @@ def load_rows(path: str | Path, need_answer: bool = True) -> list[dict]:
     p = Path(text)
     if not p.is_file():
         raise UsageError(f"--data {p}: no such file")
+    from llmtool.core.data import iter_jsonl
+
     rows = []
-    with open(p, encoding="utf-8") as fh:
-        for ln, line in enumerate(fh, 1):
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise UsageError(f"{p}:{ln}: not valid JSON ({e.msg})") from None
-            if not isinstance(row, dict):
-                raise UsageError(f"{p}:{ln}: expected a JSON object")
-            if not isinstance(row.get("prompt"), str) or not row["prompt"].strip():
-                raise UsageError(f"{p}:{ln}: missing field 'prompt' (a non-empty string)")
-            if need_answer and row.get("task", "arith") != "sum-two" and row.get("answer") in (None, ""):
-                raise UsageError(f"{p}:{ln}: missing field 'answer' (needed by a verifier reward)")
-            if row.get("task") == "sum-two" and not isinstance(row.get("n"), int):
-                raise UsageError(f"{p}:{ln}: missing field 'n' (an integer) for task sum-two")
-            rows.append(row)
+    for ln, row in iter_jsonl(p):
+        if not isinstance(row.get("prompt"), str) or not row["prompt"].strip():
+            raise UsageError(f"{p}:{ln}: missing field 'prompt' (a non-empty string)")
+        if need_answer and row.get("task", "arith") != "sum-two" and row.get("answer") in (None, ""):
+            raise UsageError(f"{p}:{ln}: missing field 'answer' (needed by a verifier reward)")
+        if row.get("task") == "sum-two" and not isinstance(row.get("n"), int):
+            raise UsageError(f"{p}:{ln}: missing field 'n' (an integer) for task sum-two")
+        rows.append(row)
     if not rows:
         raise UsageError(f"--data {p}: no rows")
     return rows

@@ -7,38 +7,30 @@ spike scores, fault injection and clipper-state checkpoints behave identically.
 """
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 from llmtool.core.console import UsageError
 
 
 def load_sft_rows(path: str | Path) -> list[dict]:
+    from llmtool.core.data import iter_jsonl
+
     path = Path(path)
     if not path.is_file():
         raise UsageError(f"--data {path}: no such file")
     rows = []
-    with open(path, encoding="utf-8") as fh:
-        for ln, line in enumerate(fh, start=1):
-            if not line.strip():
-                continue
-            try:
-                rec = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise UsageError(f"{path}:{ln}: not valid JSON ({e.msg})") from None
-            if not isinstance(rec, dict):
-                raise UsageError(f"{path}:{ln}: expected a JSON object")
-            if "text" in rec:
-                if not isinstance(rec["text"], str):
-                    raise UsageError(f"{path}:{ln}: field 'text' must be a string")
-                rows.append({"text": rec["text"]})
-            elif "prompt" in rec and "completion" in rec:
-                for k in ("prompt", "completion"):
-                    if not isinstance(rec[k], str):
-                        raise UsageError(f"{path}:{ln}: field '{k}' must be a string")
-                rows.append({"prompt": rec["prompt"], "completion": rec["completion"]})
-            else:
-                raise UsageError(f"{path}:{ln}: needs field 'text' or fields 'prompt' and 'completion'")
+    for ln, rec in iter_jsonl(path):
+        if "text" in rec:
+            if not isinstance(rec["text"], str):
+                raise UsageError(f"{path}:{ln}: field 'text' must be a string")
+            rows.append({"text": rec["text"]})
+        elif "prompt" in rec and "completion" in rec:
+            for k in ("prompt", "completion"):
+                if not isinstance(rec[k], str):
+                    raise UsageError(f"{path}:{ln}: field '{k}' must be a string")
+            rows.append({"prompt": rec["prompt"], "completion": rec["completion"]})
+        else:
+            raise UsageError(f"{path}:{ln}: needs field 'text' or fields 'prompt' and 'completion'")
     if not rows:
         raise UsageError(f"--data {path}: no rows")
     return rows
