@@ -12,7 +12,7 @@ import pytest
 from conftest import run_cli
 
 from llmtool.bench_agent.agents import Turn, make_agent
-from llmtool.bench_agent.envs import ENVS, make_env
+from llmtool.bench_agent.envs import BUILTIN, ENVS, make_env
 from llmtool.bench_agent.harness import Episode, checked_spec, run_episode
 from llmtool.bench_agent.metrics import interface_reliance
 from llmtool.bench_agent.rewrite import DEPRECATED, MODES, RewriteSpec, Rewriter, display
@@ -21,7 +21,7 @@ from llmtool.core.console import UsageError
 
 
 # ----------------------------------------------------------------------------------------- PIPE / oracle
-@pytest.mark.parametrize("env_name", ENVS.names())
+@pytest.mark.parametrize("env_name", BUILTIN)
 def test_oracle_succeeds_under_every_rewrite_with_identical_rewards(env_name):
     n = 4 if env_name == "os-sandbox" else 25
     oracle = make_agent("script:oracle")
@@ -53,7 +53,7 @@ def test_oracle_reads_names_from_the_prompt():
 
 
 def test_builtin_specs_are_valid_and_round_trip():
-    for name in ENVS.names():
+    for name in BUILTIN:
         env = make_env(name)
         spec = RewriteSpec.for_env(env)
         assert spec.validate(env.sample_texts(6)) == []

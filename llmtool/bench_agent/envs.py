@@ -381,3 +381,10 @@ class OsSandbox(Env):
 
 def make_env(name: str, **options) -> Env:
     return ENVS.get(name)(**options)
+
+
+# the real games (TextWorldExpress, ScienceWorld) register here; their packages are imported on first use
+from llmtool.bench_agent import envs_external  # noqa: E402,F401
+
+BUILTIN = ("grid-nav", "sqlite-qa", "text-coin", "os-files", "os-sandbox")
+EXTERNAL = tuple(n for n in ENVS.names() if n not in BUILTIN)

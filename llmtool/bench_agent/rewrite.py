@@ -42,11 +42,13 @@ class RewriteSpec:
     obfuscation: dict[str, str] = field(default_factory=dict)
     dual_supported: bool = True
     surfaces: tuple[str, ...] = ("instructions", "observations", "action_list")
+    positions: str = ""       # regex of the prefixes after which a name is rewritten ("" = everywhere)
 
     @classmethod
     def for_env(cls, env) -> "RewriteSpec":
         return cls(env=env.name, actions=tuple(env.IDENTIFIERS), synonyms=dict(env.SYNONYMS),
-                   obfuscation=dict(env.OBFUSCATION), dual_supported=env.DUAL)
+                   obfuscation=dict(env.OBFUSCATION), dual_supported=env.DUAL,
+                   positions=getattr(env, "ACTION_POSITIONS", ""))
 
     def obfuscated(self) -> dict[str, str]:
         return {a: self.obfuscation.get(a, f"z{i + 1}") for i, a in enumerate(self.actions)}
@@ -59,9 +61,12 @@ class RewriteSpec:
         return {}
 
     def as_dict(self) -> dict:
-        return {"env": self.env, "actions": list(self.actions), "synonyms": self.synonyms,
-                "obfuscation": self.obfuscated(), "dual_supported": self.dual_supported,
-                "surfaces": list(self.surfaces)}
+        d = {"env": self.env, "actions": list(self.actions), "synonyms": self.synonyms,
+             "obfuscation": self.obfuscated(), "dual_supported": self.dual_supported,
+             "surfaces": list(self.surfaces)}
+        if self.positions:       # only position-scoped specs carry the key (built-in digests unchanged)
+            d["positions"] = self.positions
+        return d
 
     def digest(self) -> str:
         return hashlib.sha256(json.dumps(self.as_dict(), sort_keys=True).encode()).hexdigest()[:16]
@@ -86,7 +91,8 @@ class RewriteSpec:
             raise UsageError(f"--rewrite-spec {path}: cannot parse ({type(e).__name__}: {str(e)[:80]})") from None
         if not isinstance(data, dict):
             raise UsageError(f"--rewrite-spec {path}: expected a mapping")
-        unknown = sorted(set(data) - {"env", "actions", "synonyms", "obfuscation", "dual_supported", "surfaces"})
+        unknown = sorted(set(data) - {"env", "actions", "synonyms", "obfuscation", "dual_supported", "surfaces",
+                                      "positions"})
         if unknown:
             raise UsageError(f"--rewrite-spec {path}: unknown keys {', '.join(unknown)}")
         actions = tuple(data.get("actions", env.IDENTIFIERS))
@@ -99,7 +105,8 @@ class RewriteSpec:
         return cls(env=env.name, actions=actions, synonyms={str(k): str(v) for k, v in data.get("synonyms", env.SYNONYMS).items()},
                    obfuscation={str(k): str(v) for k, v in data.get("obfuscation", {}).items()},
                    dual_supported=bool(data.get("dual_supported", env.DUAL)),
-                   surfaces=tuple(data.get("surfaces", ("instructions", "observations", "action_list"))))
+                   surfaces=tuple(data.get("surfaces", ("instructions", "observations", "action_list"))),
+                   positions=str(data.get("positions", getattr(env, "ACTION_POSITIONS", ""))))
 
     def check(self, task_texts: list[str] = (), what: str = "rewrite spec") -> None:
         """Raise a one-line ``UsageError`` when :meth:`validate` finds a problem."""
@@ -140,8 +147,8 @@ class RewriteSpec:
                         problems.append(f"{mode}: alias {al!r} occurs in task data: {t[:60]!r}")
                         break
             probe = " ".join(f"Action: {a} x," for a in self.actions) + " " + " ".join(task_texts[:3])
-            there = display(probe, m)
-            back = display(there, {v: k for k, v in m.items()})
+            there = display(probe, m, self.positions)
+            back = display(there, {v: k for k, v in m.items()}, self.positions)
             if back != probe:
                 problems.append(f"{mode}: display round trip is not the identity")
         return list(dict.fromkeys(problems))
@@ -157,20 +164,26 @@ def _pattern(key: str) -> re.Pattern:
     return re.compile(re.escape(key))
 
 
-def display(obj, mapping: dict[str, str]):
+def display(obj, mapping: dict[str, str], positions: str = ""):
     """Rewrite every string inside ``obj`` (str / list / dict, recursively), longest key first, in one
-    pass (so a replacement is never rewritten again)."""
+    pass (so a replacement is never rewritten again). ``positions`` (a regex, multiline) restricts the
+    rewrite to names that directly follow a match of it (action positions: ``Action: ``, list
+    separators, ...); empty = every occurrence."""
     if not mapping:
         return obj
     if isinstance(obj, dict):
-        return {k: display(v, mapping) for k, v in obj.items()}
+        return {k: display(v, mapping, positions) for k, v in obj.items()}
     if isinstance(obj, (list, tuple)):
-        return type(obj)(display(v, mapping) for v in obj)
+        return type(obj)(display(v, mapping, positions) for v in obj)
     if not isinstance(obj, str):
         return obj
     keys = sorted(mapping, key=len, reverse=True)
-    combined = re.compile("|".join(f"(?:{_pattern(k).pattern})" for k in keys))
+    names = "|".join(f"(?:{_pattern(k).pattern})" for k in keys)
     lookup = {k: mapping[k] for k in keys}
+    if positions:
+        scoped = re.compile(f"((?:{positions}))({names})", re.M)
+        return scoped.sub(lambda m: m.group(1) + lookup.get(m.group(2), m.group(2)), obj)
+    combined = re.compile(names)
     return combined.sub(lambda m: lookup.get(m.group(0), m.group(0)), obj)
 
 
@@ -216,7 +229,7 @@ class Rewriter:
         self.show = {} if mode == "dual-ori-first" else self.alias
 
     def text(self, obj):
-        return display(obj, self.show)
+        return display(obj, self.show, self.spec.positions)
 
     def names(self, ident: str) -> list[str]:
         """The names listed for one identifier, in listing order."""
