@@ -53,11 +53,13 @@ bench-route: setup
 bench-select-data: setup
 	$(PY) benchmarks/select_data.py
 bench-train-grpo: setup
-	$(PY) benchmarks/train_grpo.py
+	$(PY) benchmarks/train_grpo.py --parts bandit
 bench-train-adagc: setup
-	$(PY) benchmarks/train_adagc.py
+	$(PY) benchmarks/train_adagc.py --steps 500 --fault-step 200 --window 200 --seeds 2 --batch-size 4 --optimizers adamw --workers 2
+	$(PY) benchmarks/train_adagc.py --steps 500 --fault-step 200 --window 200 --seeds 1 --batch-size 4 --optimizers lion \
+		--arms none,global,adagc --faults garbage,lr --workers 2 --overhead-steps 0 --out benchmarks/results/train_adagc_lion
 bench-learn-program: setup
-	$(PY) benchmarks/learn_program.py
+	$(PY) benchmarks/learn_program.py --threads 2
 bench-agent: setup
 	$(PY) benchmarks/bench_agent.py
 

@@ -131,8 +131,8 @@ def simulate_ordinal(interaction=1.0, seed=0, items=150):
 @pytest.mark.slow
 def test_parameter_recovery_and_self_preference():
     rows, ge, le, inter = simulate_ordinal(1.0)
-    base = dict(outcome="score", kind="ordinal", levels=(0, 10), effects=["grader", "LLM"], chains=2, samples=500,
-                warmup=500)
+    base = dict(outcome="score", kind="ordinal", levels=(0, 10), effects=["grader", "LLM"], chains=4, samples=1000,
+                warmup=1000)
     full = G.fit(rows, G.GlmConfig(**base, interactions=["grader:LLM"]))
     planted = list(zip(G.interval(full, "grader_effects", 0.9), ge)) + list(zip(G.interval(full, "LLM_effects", 0.9), le))
     planted += list(zip(G.interval(full, "grader_LLM_effects", 0.9).reshape(-1, 2), inter.reshape(-1)))
