@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
 import statistics
 import sys
@@ -53,14 +52,10 @@ SANITY_RULES = {
 }
 
 
-def wilson(k: int, n: int, z: float = 1.96) -> list[float]:
-    if n == 0:
-        return [0.0, 1.0]
-    p = k / n
-    d = 1 + z * z / n
-    c = (p + z * z / (2 * n)) / d
-    h = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / d
-    return [round(max(0.0, c - h), 4), round(min(1.0, c + h), 4)]
+def wilson(k: int, n: int) -> list[float]:
+    from llmtool.core.intervals import wilson as wilson_interval
+
+    return [round(v, 4) for v in wilson_interval(k, n)]
 
 
 def mean_sd(xs: list[float]) -> list[float]:

@@ -42,14 +42,10 @@ def mean_ci(xs, z=1.96):
     return m, m - h, m + h
 
 
-def wilson(k, n, z=1.96):
-    if n == 0:
-        return float("nan"), float("nan")
-    p = k / n
-    d = 1 + z * z / n
-    c = (p + z * z / (2 * n)) / d
-    h = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / d
-    return c - h, c + h
+def wilson(k, n):
+    from llmtool.core.intervals import wilson as wilson_interval
+
+    return wilson_interval(k, n) if n else (float("nan"), float("nan"))
 
 
 # ------------------------------------------------------------------------------------ bandit

@@ -11,6 +11,8 @@ import math
 
 import numpy as np
 
+from llmtool.core.intervals import wilson
+
 
 def episode_logodds(d0: int, d1: int, alpha: float = 1.0) -> float:
     return math.log((d0 + alpha) / (d1 + alpha))
@@ -36,20 +38,10 @@ def interface_reliance(ori_first: list[dict], syn_first: list[dict], alpha: floa
             "episodes": [len(l_os), len(l_so)], "share_only_original": only_orig}
 
 
-def wilson(k: int, n: int, z: float = 1.96) -> tuple[float, float]:
-    if n == 0:
-        return (float("nan"), float("nan"))
-    p = k / n
-    d = 1 + z * z / n
-    c = (p + z * z / (2 * n)) / d
-    h = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / d
-    return (max(0.0, c - h), min(1.0, c + h))
-
-
 def summarize(episodes: list[dict]) -> dict:
     n = len(episodes)
     k = sum(1 for e in episodes if e["success"])
-    lo, hi = wilson(k, n)
+    lo, hi = wilson(k, n) if n else (float("nan"), float("nan"))
     calls = sum(e["rounds"] for e in episodes) or 1
     return {"episodes": n, "sr": k / n if n else float("nan"), "sr_lo": lo, "sr_hi": hi,
             "mean_reward": sum(e["reward"] for e in episodes) / n if n else float("nan"),

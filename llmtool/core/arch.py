@@ -27,10 +27,13 @@ from __future__ import annotations
 
 import sys
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from llmtool.core.console import UsageError
 
 # torch is not imported here: arch_of/require on a config dict run in a command's preflight, before torch.
+if TYPE_CHECKING:
+    import torch
 
 ROLES = ("q", "k", "v", "o", "gate", "up", "down")
 ATTENTION_ROLES = ("q", "k", "v", "o")

@@ -97,14 +97,9 @@ def job(command: str, out: Path | str, *, overwrite: bool = False, config: Any =
 
     model_path = None
     if model is not None:
-        from llmtool.core.preflight import check_causal_lm, check_weights, resolve_model
+        from llmtool.core.preflight import checked_model, resolve_model
 
-        model_path = resolve_model(model)
-        if check_model:
-            config_json = check_causal_lm(model_path)
-            if check_config is not None:
-                check_config(model_path, config_json)
-            check_weights(model_path)  # safetensors headers, pickle-only refusal: before any work
+        model_path = checked_model(model, check_config) if check_model else resolve_model(model)
     in_paths = tuple(Path(p) for p in inputs) + ((model_path,) if model_path is not None else ())
     out_path = check_output(Path(out), overwrite, inputs=in_paths)
     from llmtool.core.models import set_seed

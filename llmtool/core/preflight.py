@@ -82,6 +82,18 @@ def check_inputs(inputs: Iterable[Any]) -> tuple[Path, ...]:
     return tuple(out)
 
 
+def checked_model(model: str | os.PathLike, check_config: Callable[[Path, dict], None] | None = None) -> Path:
+    """The resolved model directory after the cheap checks: a causal LM, no remote code, the command's own
+    ``check_config`` on config.json, then sane safetensors headers (pickle-only refused)."""
+    model_path = resolve_model(model)
+    config = check_causal_lm(model_path)
+    refuse_remote_code(model_path, config)
+    if check_config is not None:
+        check_config(model_path, config)
+    check_weights(model_path)
+    return model_path
+
+
 def preflight(model: str | os.PathLike | None = None, out: str | os.PathLike | None = None, *,
               inputs: Iterable[Any] = (), overwrite: bool = False,
               check_config: Callable[[Path, dict], None] | None = None) -> Path | None:
@@ -92,14 +104,7 @@ def preflight(model: str | os.PathLike | None = None, out: str | os.PathLike | N
     from llmtool.core.checkpoint import check_output
 
     paths = check_inputs(inputs)  # first: the cheapest, and a default model may need materialising
-    model_path = None
-    if model is not None:
-        model_path = resolve_model(model)
-        config = check_causal_lm(model_path)
-        refuse_remote_code(model_path, config)
-        if check_config is not None:
-            check_config(model_path, config)
-        check_weights(model_path)
+    model_path = checked_model(model, check_config) if model is not None else None
     if out is not None:
         check_output(Path(out), overwrite, inputs=paths + ((model_path,) if model_path else ()))
     return model_path

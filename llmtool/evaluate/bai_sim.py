@@ -28,8 +28,6 @@ from llmtool.evaluate.sysr import MatrixOracle
 
 def synthetic_irt(k: int = 10, n: int = 2000, gap: float = 0.05, spread: float = 3.0, seed: int = 0,
                   noise: float = 0.3, low: float = 0.55, high: float = 0.70) -> ScoreMatrix:
-    import math
-
     from llmtool.core.console import UsageError
 
     for name, v in (("gap", gap), ("spread", spread)):
@@ -65,13 +63,12 @@ def _sigmoid(z):
 
 
 def wilson(errors: int, total: int, z: float = 1.959963984540054) -> tuple[float, float]:
+    """:func:`llmtool.core.intervals.wilson` with the endpoints exact at 0 and total errors."""
+    from llmtool.core.intervals import wilson as wilson_interval
+
     if total == 0:
         return 0.0, 1.0
-    p = errors / total
-    denom = 1 + z * z / total
-    centre = (p + z * z / (2 * total)) / denom
-    half = z * math.sqrt(p * (1 - p) / total + z * z / (4 * total * total)) / denom
-    lo, hi = max(0.0, centre - half), min(1.0, centre + half)
+    lo, hi = wilson_interval(errors, total, z)
     return (0.0 if errors == 0 else lo), (1.0 if errors == total else hi)
 
 

@@ -41,7 +41,7 @@ def run_quantize(model, out: Path, cfg, calib_data: str, calib_samples: int, cal
     import dataclasses
 
     from llmtool.core import data as data_mod
-    from llmtool.core.checkpoint import dir_size_bytes, read_config
+    from llmtool.core.checkpoint import dir_size_bytes
     from llmtool.core.console import OPTIONS
     from llmtool.core.evalkit import peak_rss_mb, perplexity, timer
     from llmtool.core.job import job

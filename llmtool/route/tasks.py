@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from llmtool.core.console import UsageError
+from llmtool.core.intervals import wilson  # noqa: F401  (route.pipeline imports it from here)
 
 SUFFIX = "\nAnswer with the result only."
 
@@ -113,14 +114,3 @@ def correct(row: dict, output: str) -> bool:
     return score(row, output) >= 1.0
 
 
-def wilson(k: int, n: int, z: float = 1.96) -> tuple[float, float]:
-    """Wilson 95 % interval for a binomial proportion (0..1)."""
-    if n == 0:
-        return (0.0, 1.0)
-    import math
-
-    p = k / n
-    den = 1 + z * z / n
-    centre = (p + z * z / (2 * n)) / den
-    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / den
-    return (max(0.0, centre - half), min(1.0, centre + half))
