@@ -276,3 +276,28 @@ def test_icl_and_hf_proposer_with_a_tiny_model(tmp_path, tiny_llama_dir):
     assert code == 0, err
     summ = json.loads((tmp_path / "hf" / "summary.json").read_text())
     assert summ["k_used"] == 3 and summ["tokens"] > 0
+
+
+def test_summary_breaks_down_why_proposals_fail(tmp_path):
+    """Each proposal gets one outcome; the summary counts them (a weak proposer's val 0 is explained)."""
+    data, ds = _parity_data(tmp_path)
+    lines = [
+        json.dumps({"raw_text": "I would use a JSON parser."}),                        # no function
+        json.dumps({"raw_text": '{"code": "def f(x)\\n    return 1\\n"}'}),           # syntax error
+        json.dumps({"code": "def f(x):\n    return x[:3]\n"}),                        # non-binary output
+        json.dumps({"code": "def f(x):\n    return int(x) // 0\n"}),                  # exception
+        json.dumps({"code": "def f(x):\n    while True:\n        pass\n"}),          # timeout
+        json.dumps({"code": "def f(x):\n    return x.count('1') % 2\n"}),             # correct
+    ]
+    replay = tmp_path / "outcomes.jsonl"
+    replay.write_text("\n".join(lines) + "\n")
+    code, _, err = run_cli("learn-program", tmp_path / "run", "--data", data, "--proposer", f"replay:{replay}",
+                           "--timeout-s", "0.5")
+    assert code == 0, err
+    summ = json.loads((tmp_path / "run" / "summary.json").read_text())
+    cands = [json.loads(l) for l in (tmp_path / "run" / "candidates.jsonl").read_text().splitlines()]
+    assert [c["outcome"] for c in cands] == ["no_function", "syntax_error", "non_binary_output", "exception",
+                                             "timeout", "binary_on_all"]
+    assert summ["outcomes"] == {"binary_on_all": 1, "no_function": 1, "syntax_error": 1, "timeout": 1,
+                                "exception": 1, "non_binary_output": 1}
+    assert cands[2]["val_acc"] == 0.0 and cands[5]["val_acc"] == 1.0

@@ -362,36 +362,128 @@ def test_edit_statistics_cache_is_keyed_by_content_and_survives_corruption(clean
 
 
 # ------------------------------------------------------------------------ fast failure, before heavy imports
-FAST_FAIL = [
-    ["compress", "{missing}", "{out}", "--ratio", "0.2"],
-    ["quantize", "{missing}", "{out}"],
-    ["kvcache", "evaluate", "{missing}", "--task", "ppl"],
-    ["kvcache", "generate", "{missing}", "--prompts", "{missing}.jsonl"],
-    ["edit", "apply", "{missing}", "counterfact-smollm2", "{out}"],
-    ["evaluate", "ppl", "{missing}"],
-    ["train", "sft", "{missing}", "{out}", "--data", "{missing}.jsonl"],
-    ["train", "grpo", "{missing}", "{out}", "--data", "{missing}.jsonl"],
-    ["route", "make-experts", "{missing}", "{out}", "--data", "{missing}.jsonl"],
-    ["select-data", "features", "{missing}.jsonl", "{out}"],
-]
+# Every leaf command of the tree, called with its input(s) missing ({m}: a path that does not exist, or an
+# unknown name; {o}: a fresh output path). Each must exit 2 with one `error:` line naming the missing input,
+# before torch or transformers is imported. A command that reads no input is listed in NO_INPUT instead;
+# `test_every_command_is_in_the_fast_fail_walk` keeps the two in step with the command tree.
+FAST_FAIL: dict[str, list[str]] = {
+    "models pull": ["{m}"],
+    "compress": ["{m}", "{o}", "--ratio", "0.2"],
+    "quantize": ["{m}", "{o}"],
+    "kvcache generate": ["{m}", "--prompts", "{m}.jsonl"],
+    "kvcache evaluate": ["{m}", "--task", "ppl"],
+    "edit apply": ["{m}", "counterfact-smollm2", "{o}"],
+    "edit keystone find": ["{m}"],
+    "edit keystone ablate": ["{m}", "--neurons", "{m}.json"],
+    "edit keystone finetune": ["{m}", "{o}", "--neurons", "{m}.json"],
+    "evaluate ppl": ["{m}"],
+    "evaluate edits": ["{m}", "{m}.jsonl"],
+    "evaluate tasks": ["{m}", "--task", "ppl"],
+    "evaluate sysr": ["--responses", "{m}.csv"],
+    "evaluate build-matrix": ["--responses", "{m}.jsonl", "-o", "{o}.csv"],
+    "evaluate judge": ["--votes", "{m}.jsonl", "-o", "{o}"],
+    "evaluate autograder fit": ["--data", "{m}.csv", "-o", "{o}"],
+    "evaluate autograder compare": ["{m}", "{m}2"],
+    "evade watermark": ["{m}", "{m}.jsonl", "-o", "{o}.jsonl"],
+    "evade detect": ["{m}.jsonl"],
+    "evade attack": ["{m}.jsonl", "-o", "{o}.jsonl"],
+    "evade metrics": ["{m}.jsonl", "{m}2.jsonl"],
+    "evade quality": ["{m}.jsonl"],
+    "evade calibrate-beta": ["{m}.jsonl"],
+    "select-data embed": ["{m}.jsonl", "-o", "{o}"],
+    "select-data cluster": ["{m}.jsonl", "{o}", "--embeddings", "{m}.npy"],
+    "select-data features": ["{m}.jsonl", "{o}"],
+    "select-data select": ["{m}.jsonl", "--features", "{m}.npz", "-o", "{o}"],
+    "select-data distill": ["{m}.json", "{m}.jsonl", "-o", "{o}"],
+    "select-data label": ["{m}.jsonl", "--student", "{m}", "-o", "{o}"],
+    "route make-experts": ["{m}", "{o}", "--data", "{m}.jsonl"],
+    "route train": ["{o}", "--data", "{m}.jsonl", "--experts", "{m}"],
+    "route generate": ["--in", "{m}.jsonl", "--out", "{o}.jsonl", "--router", "{m}"],
+    "route eval": ["--data", "{m}.jsonl", "--out", "{o}", "--router", "{m}"],
+    "route make-prefs": ["--router", "{m}", "--data", "{m}.jsonl", "--out", "{o}.jsonl"],
+    "route baseline": ["{o}", "--method", "seq-select", "--experts", "{m}", "--in", "{m}.jsonl"],
+    "train pretrain": ["{o}", "--data", "{m}.txt"],
+    "train sft": ["{m}", "{o}", "--data", "{m}.jsonl"],
+    "train grpo": ["{m}", "{o}", "--data", "{m}.jsonl"],
+    "train eval-passk": ["{m}", "--data", "{m}.jsonl"],
+    "train label-majority": ["{m}", "--data", "{m}.jsonl", "-o", "{o}.jsonl"],
+    "bench-agent rewrite-spec": ["--env", "{m}"],
+    "bench-agent run": ["{m}", "{o}"],
+    "bench-agent report": ["{m}"],
+    "bench-agent uh-run": ["{m}", "{o}"],
+    "bench-agent uh-score": ["{m}"],
+    "bench-agent uh-entropy": ["{m}"],
+    "tasks generate": ["{o}", "--task", "{m}"],
+    "learn-program run": ["{o}", "--data", "{m}", "--proposer", "mock:parity"],
+    "learn-program baseline": ["{o}", "--method", "xgboost", "--data", "{m}"],
+}
+# Commands that read no input file or name: they list, simulate or generate (their bad *values* are in
+# ARG_CASES or the area's tests).
+NO_INPUT = {"models list", "evaluate bai-sim", "evaluate judge-synth", "evade prompts", "route data", "train rl-data",
+            "bench-agent envs", "bench-agent uh-play", "tasks list"}
+
+
+def command_tree() -> list[str]:
+    """Every leaf command of `llmtool`, as 'area sub sub'."""
+    import importlib
+
+    import typer
+
+    from llmtool.cli import AREAS
+
+    out = []
+
+    def walk(cmd, path):
+        ctx = cmd.context_class(cmd)
+        names = cmd.list_commands(ctx) if hasattr(cmd, "list_commands") else []
+        if names:  # a group: its own and its lazily contributed sub-commands
+            for name in names:
+                walk(cmd.get_command(ctx, name), [*path, name])
+        else:  # a command (compress and quantize are groups whose callback is the command)
+            out.append(" ".join(path))
+
+    for area, (module, _) in AREAS.items():
+        walk(typer.main.get_command(importlib.import_module(module).app), [area])
+    return out
+
+
+def test_every_command_is_in_the_fast_fail_walk():
+    tree = set(command_tree())
+    assert not NO_INPUT & set(FAST_FAIL)
+    assert tree == set(FAST_FAIL) | NO_INPUT, {"not in the walk": sorted(tree - set(FAST_FAIL) - NO_INPUT),
+                                               "not a command": sorted(set(FAST_FAIL) | NO_INPUT - tree)}
 
 
 def test_missing_inputs_fail_before_torch_is_imported(tmp_path):
-    """A wrong path is refused by the preflight (core.preflight) before torch or transformers load."""
+    """Every command refuses a missing input with one line naming it, before torch or transformers is imported
+    (the subprocess makes importing either an error, so a command that imports them first fails the case)."""
     import subprocess
     import sys
 
-    cases = [[a.format(missing=tmp_path / "nope", out=tmp_path / "out") for a in argv] for argv in FAST_FAIL]
-    code = ("import sys\nfrom llmtool.cli import main\n"
-            f"for argv in {cases!r}:\n"
-            "    sys.argv = ['llmtool', *argv]\n"
-            "    try:\n        main()\n    except SystemExit as e:\n        assert e.code == 2, (argv, e.code)\n"
-            "    heavy = [m for m in ('torch', 'transformers') if m in sys.modules]\n"
-            "    assert not heavy, (argv, heavy)\n")
+    cases = {}
+    for i, (cmd, argv) in enumerate(FAST_FAIL.items()):
+        cases[cmd] = [*cmd.split(), *(a.format(m=tmp_path / "nope", o=tmp_path / f"out{i}") for a in argv)]
+    code = ("import io, json, sys, contextlib\n"
+            "sys.modules['torch'] = None\nsys.modules['transformers'] = None\n"
+            "from llmtool.cli import main\n"
+            f"cases = {cases!r}\nres = {{}}\n"
+            "for cmd, argv in cases.items():\n"
+            "    sys.argv = ['llmtool', *argv]\n    err = io.StringIO()\n    rc = 0\n"
+            "    with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):\n"
+            "        try:\n            main()\n        except SystemExit as e:\n            rc = e.code\n"
+            "    res[cmd] = [rc, err.getvalue()]\n"
+            "print(json.dumps(res))\n")
     p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
                        env={**__import__("os").environ, "HF_HUB_OFFLINE": "1"})
     assert p.returncode == 0, p.stderr[-3000:]
-    assert p.stderr.count("error:") == len(cases), p.stderr
+    res = json.loads(p.stdout.strip().splitlines()[-1])
+    bad = {}
+    for cmd, (rc, err) in res.items():
+        lines = [l for l in err.splitlines() if l.strip()]
+        if rc != 2 or len(lines) != 1 or not lines[0].startswith("error:") or "nope" not in lines[0]:
+            bad[cmd] = (rc, err.strip()[:200])
+    assert not bad, '\n'.join(f'{k}: {v}' for k, v in bad.items())
+    assert not list(tmp_path.glob("out*")) and not list(tmp_path.glob(".out*"))
 
 
 # ------------------------------------------------------------------------ docs/reliability.md (kept in sync)
@@ -414,8 +506,8 @@ def reliability_table() -> str:
     add("quantize", "output parent is a file")
     for argv, _ in ARG_CASES.values():
         add(" ".join(a for a in argv[:2] if not a.startswith("{")), "meaningless value")
-    for argv in FAST_FAIL:
-        add(" ".join(a for a in argv[:2] if not a.startswith("{")), "missing input, before torch")
+    for cmd in FAST_FAIL:
+        add(cmd, "missing input, before torch")
     kinds = sorted({k for d in per.values() for k in d})
     lines = ["| command | " + " | ".join(kinds) + " | total |", "|---" * (len(kinds) + 2) + "|"]
     for cmd in sorted(per):

@@ -57,6 +57,16 @@ def _agent(uri: str, *, max_new_tokens: int, temperature: float, protocol: str =
     return agent, None
 
 
+def _preflight(uri: str, out: Path, inputs=(), overwrite: bool = False) -> None:
+    """core.preflight before torch is imported: an hf: agent's model is a sane causal-LM checkpoint or a default
+    alias, the input files exist, OUT is writable."""
+    from llmtool.core.preflight import preflight
+
+    scheme, _, spec = uri.partition(":") if uri.split(":", 1)[0] in ("hf", "openai", "script") else ("hf", ":", uri)
+    model = spec if scheme == "hf" else None
+    preflight(model, out, inputs=inputs, overwrite=overwrite)
+
+
 def _partial(out: Path) -> Path:
     out = Path(out).resolve()
     return out.parent / f".{out.name}.partial"
@@ -191,6 +201,7 @@ def run_cmd(
 ) -> None:
     """Run MODEL on ENV under one interface rewrite -> OUT/episodes.jsonl (one record per episode:
     conversation, reward, orig/alias/deprecated/invalid calls, tokens, wall time) and OUT/summary.json."""
+    _preflight(model, out, (tasks, rewrite_spec), overwrite)
     from llmtool.bench_agent.harness import checked_spec, load_tasks, read_done, run_tasks
     from llmtool.core.job import job
 
@@ -251,6 +262,9 @@ def report_cmd(
 ) -> None:
     """SR per (model, env, rewrite) with Wilson CIs, drops vs the original interface, and Interface
     Reliance (IR, 95 % bootstrap CI) from each dual-ori-first/dual-syn-first pair."""
+    for r in runs:  # before torch is imported
+        if not Path(r).exists():
+            raise UsageError(f"{r}: no such run directory")
     from llmtool.bench_agent.metrics import interface_reliance
     from llmtool.core.console import markdown_table
     from llmtool.core.data import read_jsonl
@@ -327,6 +341,7 @@ def uh_run_cmd(
 ) -> None:
     """Run MODEL on an UltraHorizon environment -> OUT/run-NNN/ (trajectory.jsonl, notes.txt,
     commit.txt, eval_output.json, env_truth.json) and OUT/scores.json."""
+    _preflight(model, out, (), overwrite)
     from concurrent.futures import ThreadPoolExecutor
 
     from llmtool.bench_agent.uh import UH_ENVS

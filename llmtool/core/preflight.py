@@ -77,9 +77,18 @@ def check_inputs(inputs: Iterable[Any]) -> tuple[Path, ...]:
             continue
         path = Path(p).expanduser()
         if not path.exists():
-            raise UsageError(f"{path}: no such file")
+            raise UsageError(f"{path}: no such file or directory")
         out.append(path)
     return tuple(out)
+
+
+def looks_like_path(value: str | os.PathLike | None) -> bool:
+    """For options that take a packaged name *or* a file (``--data austen-train`` vs ``--data my.txt``): a
+    value with a path separator or a file suffix is a path, and is checked to exist."""
+    if value is None:
+        return False
+    text = str(value)
+    return os.sep in text or "/" in text or bool(Path(text).suffix) or Path(text).exists()
 
 
 def checked_model(model: str | os.PathLike, check_config: Callable[[Path, dict], None] | None = None) -> Path:

@@ -644,4 +644,6 @@ def call_many(code: str, func_name: str, inputs: list, *, limits: SandboxLimits 
         reason = f"process failed (exit {rc}{', ' + v if v else ''}){': ' + tail if tail else ''}"
         if timed_out:
             reason = f"timed out after {limits.wall_seconds:g}s"
+        elif v == "cpu_time":
+            reason = f"timed out: CPU limit of {limits.cpu_seconds:g}s reached (exit {rc})"
     return [r if r is not None else CallResult(False, None, reason) for r in results]

@@ -21,6 +21,11 @@ def edits_command(
     limit: int = typer.Option(0, "--limit", min=0, help="Evaluate only the first N requests (0 = all)."),
 ) -> None:
     """Efficacy, generalization, specificity and fluency of edits (see llmtool.edit.metrics)."""
+    from llmtool.core.preflight import checked_model, looks_like_path, preflight
+
+    preflight(model, inputs=(requests if looks_like_path(requests) else None,))  # before torch is imported
+    if base:
+        checked_model(base)
     from llmtool.core.checkpoint import read_provenance
     from llmtool.core.console import UsageError
     from llmtool.core.models import load_model, load_tokenizer, resolve_model

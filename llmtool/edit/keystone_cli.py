@@ -39,6 +39,9 @@ def find_command(
     """Rank neurons by cross-task activation strength and write the keystone set."""
     import hashlib
 
+    from llmtool.core.preflight import preflight
+
+    preflight(model, out, inputs=(prompts or None,), overwrite=overwrite)  # fail fast, before torch is imported
     from llmtool.core.checkpoint import check_output
     from llmtool.core.models import load_model, load_tokenizer, resolve_model
     from llmtool.edit.keystone import default_probes, parse_families, probe_activations, rank_neurons, save_keystone
@@ -70,6 +73,11 @@ def ablate_command(
     random_controls: int = typer.Option(3, "--random-controls", min=0, help="Matched random sets per K."),
 ) -> None:
     """Perplexity with the top-K keystone neurons zeroed vs equal-size matched random sets."""
+    from llmtool.core.preflight import preflight
+
+    if not Path(neurons).exists():
+        raise UsageError(f"{neurons}: no such keystone file (make one with `llmtool edit keystone find`)")
+    preflight(model, inputs=(eval_texts or None,))  # fail fast, before torch is imported
     from llmtool.core.models import load_model, load_tokenizer
     from llmtool.edit.cli import parse_int_list
     from llmtool.edit.keystone import ablated, default_eval_texts, load_keystone, matched_random, mean_ppl
@@ -112,6 +120,14 @@ def finetune_command(
     overwrite: Overwrite = False,
 ) -> None:
     """SFT that updates only keystone rows (baselines: --trainable full / random)."""
+    from llmtool.core.preflight import preflight
+
+    if trainable not in ("keystone", "random", "full"):
+        raise UsageError(f"unknown --trainable {trainable!r}; choose keystone, random or full")
+    if trainable != "full" and not Path(neurons).exists():
+        raise UsageError(f"{neurons}: no such keystone file (make one with `llmtool edit keystone find`)")
+    preflight(model, out, overwrite=overwrite,  # fail fast, before torch is imported
+              inputs=(data if data != "arithmetic" else None,))
     from llmtool.core.data import read_jsonl
     from llmtool.core.job import job
     from llmtool.edit.keystone import load_keystone, matched_random

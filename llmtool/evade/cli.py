@@ -19,6 +19,13 @@ def check_output(*args, **kwargs):
 
 app = typer.Typer(no_args_is_help=True)
 
+def _preflight(model=None, out=None, inputs=(), overwrite: bool = False) -> None:
+    """core.preflight: inputs, model and OUT checked before torch is imported (fail fast)."""
+    from llmtool.core.preflight import preflight
+
+    preflight(model, out, inputs=inputs, overwrite=overwrite)
+
+
 def _scheme_help() -> str:
     from llmtool.evade.watermarks import SCHEMES
 
@@ -91,6 +98,7 @@ def watermark(
     overwrite: Overwrite = False,
 ) -> None:
     """Generate watermarked continuations of PROMPTS with MODEL (the prompt is not part of the text)."""
+    _preflight(model, output, (prompts, config), overwrite)
     from llmtool.core.data import read_jsonl, write_jsonl
     from llmtool.core.models import load_model, load_tokenizer, set_seed
     from llmtool.evade.generation import generate_ids, scheme_decoding
@@ -136,6 +144,7 @@ def detect(
     overwrite: Overwrite = False,
 ) -> None:
     """Score TEXTS with the scheme's detector (z-score, or p-value for EXP)."""
+    _preflight(model, output, (texts, config), overwrite)
     from llmtool.core.data import read_jsonl, write_jsonl
     from llmtool.core.models import load_tokenizer
 
@@ -172,6 +181,7 @@ def attack(
     overwrite: Overwrite = False,
 ) -> None:
     """Rewrite watermarked texts to evade detection (writes attacked_text and attack fields)."""
+    _preflight(None, output, (inputs,), overwrite)
     from llmtool.core.data import read_jsonl, write_jsonl
     from llmtool.core.models import load_model, load_tokenizer, set_seed
     from llmtool.evade.attacks import ATTACKS, AttackContext
@@ -222,6 +232,7 @@ def metrics(
     fpr: Annotated[Optional[List[float]], typer.Option("--fpr", help="FPR levels for TPR (repeatable).")] = None,
 ) -> None:
     """ASR, TPR at fixed FPR (thresholds from NEGATIVES), best F1 and AUROC."""
+    _preflight(None, None, (positives, negatives))
     from llmtool.core.data import read_jsonl
     from llmtool.evade.metrics import detection_metrics
 
@@ -255,6 +266,7 @@ def quality(
     ppl_model: Annotated[str, typer.Option("--ppl-model", help="Oracle LM for perplexity.")] = "smollm2-135m",
 ) -> None:
     """Semantic similarity (all-MiniLM-L6-v2 cosine) of rewrite to source, and perplexity of both."""
+    _preflight(ppl_model, None, (attacked,))
     import statistics
 
     from llmtool.core.data import read_jsonl
@@ -303,6 +315,7 @@ def calibrate_beta_cmd(
 ) -> None:
     """Find BIRA's beta0 for a rewriter: the first beta (from --from down to --to) at which at least
     one of the N paraphrases degenerates."""
+    _preflight(paraphraser, None, (data,))
     from llmtool.core.data import read_jsonl
     from llmtool.core.models import load_model, load_tokenizer, set_seed
     from llmtool.evade.bira import calibrate_beta, suppression_set

@@ -102,6 +102,8 @@ def run_llmpv(ds: Dataset, proposer: Proposer, cfg: LLMPVConfig, out_dir: Path |
                     c["runtime_ms"] = round(ev.seconds * 1000, 2)
                     c["timed_out"] = ev.timed_out
                     c["error"] = ev.first_error
+                    c["n_errors"] = ev.errors
+                c["outcome"] = programs.outcome(c)
                 cands.append(c)
                 if cand_fh:
                     cand_fh.write(json.dumps(c) + "\n")
@@ -183,6 +185,7 @@ def run_llmpv(ds: Dataset, proposer: Proposer, cfg: LLMPVConfig, out_dir: Path |
         "pass_rate_val_perfect": sum(t["any_val_perfect"] for t in trials) / len(trials),
         "parse_rate": sum(c["parse_ok"] for c in all_cands) / n if n else 0.0,
         "compile_rate": sum(c["compile_ok"] for c in all_cands) / n if n else 0.0,
+        "outcomes": {k: sum(c["outcome"] == k for c in all_cands) for k in programs.OUTCOMES},
         "length_generalization": length_gen,
         "oracle_test_best": oracle,
         "timeout_s": cfg.timeout_s, "mem_mb": cfg.mem_mb,

@@ -163,6 +163,24 @@ def evaluate(code: str, func: str, rows: list[tuple[str, int]], limits: SandboxL
     return Evaluation(correct / len(rows), preds, errors, first, time.monotonic() - t0, timed_out)
 
 
+OUTCOMES = ("binary_on_all", "no_function", "syntax_error", "timeout", "exception", "non_binary_output")
+
+
+def outcome(c: dict) -> str:
+    """What became of one proposal, for the summary's breakdown: it returned 0/1 on every train/val input,
+    or the first reason it did not (no function in the answer, a syntax error, a timeout, an exception,
+    or an output that is not a 0/1 label)."""
+    if not c.get("parse_ok"):
+        return "no_function"
+    if not c.get("compile_ok"):
+        return "syntax_error"
+    if not c.get("n_errors"):
+        return "binary_on_all"
+    if c.get("timed_out"):
+        return "timeout"
+    return "non_binary_output" if (c.get("error") or "").startswith("non-binary output") else "exception"
+
+
 def selection_key(c: dict):
     """Sort key: best first (val desc, train desc, shorter source, earlier index)."""
     return (-(c.get("val_acc") or 0.0), -(c.get("train_acc") or 0.0), c.get("length", 10 ** 9), c["idx"])

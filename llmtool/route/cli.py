@@ -38,6 +38,16 @@ def _paths(text: str, flag: str = "--experts") -> list[str]:
     return items
 
 
+def _preflight(model=None, out=None, inputs=(), overwrite: bool = False, experts: Optional[str] = None) -> None:
+    """core.preflight before torch is imported: inputs exist, every model (and expert) is a sane causal-LM
+    checkpoint or a default alias, OUT is writable."""
+    from llmtool.core.preflight import checked_model, preflight
+
+    preflight(model, out, inputs=inputs, overwrite=overwrite)
+    for p in _paths(experts) if experts else ():
+        checked_model(p)
+
+
 def _train_args(lr, epochs, max_steps, batch_size, grad_accum=1, max_length=256, lora_r=0):
     from llmtool.core.trainer import TrainArgs
 
@@ -174,6 +184,7 @@ def train_cmd(
     overwrite: Overwrite = False,
 ) -> None:
     """Train a FusionRoute router: --stage sft from --base over --experts, or --stage cdpo from --init."""
+    _preflight((base or "smollm2-135m") if stage == "sft" else None, out, (data, init), overwrite, experts)
     from llmtool.core.job import job
     from llmtool.core.models import load_model, load_tokenizer, resolve_model
     from llmtool.route.pipeline import read_rows, render, sft_examples
@@ -278,6 +289,7 @@ def generate_cmd(
     overwrite: Overwrite = False,
 ) -> None:
     """Generate with a FusionRoute router (any mode) or a plain model; writes JSONL with route_trace."""
+    _preflight(model, out, (prompts, router), overwrite, experts)
     from llmtool.core.checkpoint import atomic_file, check_output
     from llmtool.route.pipeline import read_rows, run_generation
 
@@ -313,6 +325,7 @@ def eval_cmd(
     overwrite: Overwrite = False,
 ) -> None:
     """Accuracy per domain (verifier-scored, Wilson 95 % interval), expert share per domain, tokens/s."""
+    _preflight(model, out, (data, router, generations), overwrite, experts)
     import json
 
     from llmtool.core.checkpoint import atomic_file, check_output
@@ -361,6 +374,7 @@ def make_prefs(
 ) -> None:
     """Preference pairs for stage cdpo: K fused samples per prompt labelled by the domain verifier; chosen =
     a correct sample (else the gold response), rejected = a wrong one; prompts with no wrong sample are skipped."""
+    _preflight(None, out, (router, data), overwrite)
     import json
 
     from llmtool.core.checkpoint import atomic_file, check_output
@@ -418,6 +432,7 @@ def baseline_cmd(
 ) -> None:
     """Run one baseline family: generation baselines write OUT/generations.jsonl; merges and sft-union
     write OUT as an ordinary HF checkpoint."""
+    _preflight(base, out, (data, prompts), overwrite, experts)
     from llmtool.core.data import write_jsonl
     from llmtool.core.job import job
     from llmtool.core.models import load_model, load_tokenizer, resolve_model

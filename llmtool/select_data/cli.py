@@ -21,6 +21,13 @@ Pool = Annotated[Path, typer.Argument(help="Pool JSONL: {\"id\", \"prompt\", ...
                                       metavar="POOL")]
 
 
+def _preflight(model=None, out=None, inputs=(), overwrite: bool = False) -> None:
+    """core.preflight: inputs, model and OUT checked before torch is imported (fail fast)."""
+    from llmtool.core.preflight import preflight
+
+    preflight(model, out, inputs=inputs, overwrite=overwrite)
+
+
 def _load_embeddings(path: Path, rows: list[dict]):
     from safetensors.numpy import load_file
     from safetensors import safe_open
@@ -51,6 +58,7 @@ def embed(corpus: Corpus,
           batch_size: Annotated[int, typer.Option("--batch-size", min=1, help="Throughput only.")] = 32,
           overwrite: Overwrite = False):
     """Embed every corpus line (row i = line i); the id list's hash is stored and checked on load."""
+    _preflight(model if embedder == "lm" else None, out, (corpus,), overwrite)
     from llmtool.core.checkpoint import atomic_file
     from llmtool.select_data.corpora import embed_lm, embed_minilm, ids_hash, read_jsonl
 
@@ -86,6 +94,7 @@ def cluster(corpus: Corpus, out: OutDirArg, config: MethodConfig,
             beta: Annotated[float, typer.Option("--beta", min=0.0, help="GIS weight of local density.")] = 1.0,
             overwrite: Overwrite = False):
     """Cut the corpus into domains (GEM or a baseline); writes assignments, model, taxonomy, summary."""
+    _preflight(None, out, (corpus, embeddings), overwrite)
     import numpy as np
 
     from llmtool.core.job import job
@@ -196,6 +205,7 @@ def select(pool: Pool, config: MethodConfig,
            out: Annotated[Path, typer.Option("-o", "--out", help="Output subset JSONL.")],
            overwrite: Overwrite = False):
     """Pick a budget of pool prompts (label-free: only features are read, never answers)."""
+    _preflight(None, out, (pool, features), overwrite)
     import numpy as np
     from scipy.stats import spearmanr
 
@@ -242,6 +252,7 @@ def distill_cmd(domains: Annotated[Path, typer.Argument(help="OUT directory of `
                 epoch: Annotated[int, typer.Option("--epoch", min=1, help="fastText epochs.")] = 5,
                 overwrite: Overwrite = False):
     """Train the fastText student on GIS-selected, domain-balanced pseudo-labels; report agreement."""
+    _preflight(None, out, (domains, corpus), overwrite)
     import numpy as np
 
     from llmtool.core.checkpoint import atomic_file

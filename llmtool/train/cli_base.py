@@ -102,6 +102,10 @@ def pretrain(
 ):
     """Pretrain a small Llama from scratch (default model's tokenizer) with a clipping policy. The global
     --seed sets the initialisation, data order and faults."""
+    from llmtool.core.preflight import looks_like_path, preflight, resolve_model
+
+    preflight(None, out, inputs=(data if looks_like_path(data) else None, resume), overwrite=overwrite)
+    resolve_model(tokenizer)  # fail fast, before torch is imported
     from llmtool.core.console import OPTIONS, emit
     from llmtool.core.job import job
     from llmtool.core.models import load_tokenizer

@@ -76,7 +76,8 @@ def grpo(
     (one line per optimizer step) and llmtool.json to OUT."""
     from llmtool.core.preflight import preflight
 
-    preflight(model, out, overwrite=overwrite)  # fail fast, before torch is imported
+    preflight(model, out, inputs=(None if data.startswith("gen:") else data,),  # fail fast, before torch
+              overwrite=overwrite)
     import shutil
 
     from llmtool.core.console import OPTIONS, UsageError, emit, info
@@ -208,6 +209,10 @@ def eval_passk(
     overwrite: Overwrite = False,
 ) -> None:
     """Unbiased pass@k, greedy pass@1, distinct correct answers and answer entropy of MODEL on --data."""
+    from llmtool.core.preflight import preflight
+
+    preflight(model, out, inputs=(None if data.startswith("gen:") else data,),  # fail fast, before torch
+              overwrite=overwrite)
     from llmtool.core.checkpoint import atomic_file
     from llmtool.core.console import OPTIONS, UsageError, emit
     from llmtool.core.job import apply_threads
@@ -278,6 +283,10 @@ def label_majority(
     overwrite: Overwrite = False,
 ) -> None:
     """Add the untrained model's majority answer (mv_label) to each row (for majority-vote/incorrect rewards)."""
+    from llmtool.core.preflight import preflight
+
+    preflight(model, out, inputs=(None if data.startswith("gen:") else data,),  # fail fast, before torch
+              overwrite=overwrite)
     from llmtool.core.checkpoint import atomic_file
     from llmtool.core.console import OPTIONS, UsageError, emit
     from llmtool.core.lm import chat_prompt, generate
