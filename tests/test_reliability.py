@@ -149,6 +149,7 @@ MODEL_COMMANDS: dict[str, list[str]] = {
                  "--calib-seqlen", "16"],
     "quantize": ["quantize", "{model}", "{out}", "--method", "rtn", "--calib-data", "{text}", "--no-eval"],
     "evaluate ppl": ["evaluate", "ppl", "{model}", "--data", "{text}", "--seqlen", "16"],
+    "models export": ["models", "export", "{model}", "{out}"],
     "kvcache evaluate": ["kvcache", "evaluate", "{model}", "--task", "ppl", "--data", "{text}"],
     "train sft": ["train", "sft", "{model}", "{out}", "--data", "{sft}", "--max-steps", "1"],
     "train grpo": ["train", "grpo", "{model}", "{out}", "--data", "{rl}", "--reward", "ground-truth"],
@@ -368,6 +369,7 @@ def test_edit_statistics_cache_is_keyed_by_content_and_survives_corruption(clean
 # `test_every_command_is_in_the_fast_fail_walk` keeps the two in step with the command tree.
 FAST_FAIL: dict[str, list[str]] = {
     "models pull": ["{m}"],
+    "models export": ["{m}", "{o}"],
     "compress": ["{m}", "{o}", "--ratio", "0.2"],
     "quantize": ["{m}", "{o}"],
     "kvcache generate": ["{m}", "--prompts", "{m}.jsonl"],

@@ -59,6 +59,17 @@ class LowRankLinear(nn.Module):
         """``B A`` (the dense matrix this module represents)."""
         return self.lowrank_b.weight @ self.lowrank_a.weight
 
+    def to_dense_linear(self) -> nn.Linear:
+        """The ``nn.Linear`` with weight ``B A`` (``llmtool models export``; core.export's protocol)."""
+        w = self.lowrank_b.weight
+        lin = nn.Linear(self.in_features, self.out_features, bias=self.lowrank_b.bias is not None,
+                        dtype=w.dtype, device=w.device)
+        with torch.no_grad():
+            lin.weight.copy_((self.lowrank_b.weight.double() @ self.lowrank_a.weight.double()).to(w.dtype))
+            if lin.bias is not None:
+                lin.bias.copy_(self.lowrank_b.bias)
+        return lin
+
     def extra_repr(self) -> str:
         return f"in_features={self.in_features}, out_features={self.out_features}, rank={self.rank}"
 
@@ -96,8 +107,11 @@ def save_lowrank(model: nn.Module, out_dir: Path, config: dict, block: dict) -> 
     out_dir = Path(out_dir)
     state = model.state_dict()
     files = save_state_dict(state, out_dir)
+    from llmtool.core.checkpoint import mark_llmtool_format
+
     cfg = {k: v for k, v in config.items() if k != FORMAT_KEY}
     cfg[FORMAT_KEY] = {"format_version": FORMAT_VERSION, **block}
+    cfg = mark_llmtool_format(cfg, "llmtool_lowrank", "LlmtoolLowRankForCausalLM")
     (out_dir / "config.json").write_text(json.dumps(cfg, indent=2))
     return {"params": unique_param_count(state), "files": [f.name for f in files]}
 
@@ -118,10 +132,11 @@ def stored_param_count(model_dir: Path) -> int:
 
 def load_checkpoint(path: Path, config: dict, dtype: torch.dtype, device: torch.device) -> nn.Module:
     """Rebuild a low-rank checkpoint written by :func:`save_lowrank` (``llmtool.load`` entry point)."""
-    from transformers import AutoConfig, AutoModelForCausalLM
+    from transformers import AutoModelForCausalLM
 
     from llmtool.core.checkpoint import load_state_dict
     from llmtool.core.console import UsageError
+    from llmtool.core.models import hf_config as read_hf_config
 
     block = config.get(FORMAT_KEY) or {}
     if block.get("format_version") != FORMAT_VERSION:
@@ -130,7 +145,7 @@ def load_checkpoint(path: Path, config: dict, dtype: torch.dtype, device: torch.
     ranks = block.get("ranks")
     if not isinstance(ranks, dict):
         raise UsageError(f"{path}/config.json: {FORMAT_KEY}.ranks must be an object of module -> rank")
-    hf_config = AutoConfig.from_pretrained(path, local_files_only=True, trust_remote_code=False)
+    hf_config = read_hf_config(path, config)
     model = AutoModelForCausalLM.from_config(hf_config, dtype=dtype)
     try:
         swap_in_lowrank(model, ranks)

@@ -87,8 +87,9 @@ def _get(obj, path: str):
 
 def _model_type(model_or_config) -> str:
     cfg = getattr(model_or_config, "config", model_or_config)
-    if isinstance(cfg, dict):
-        return str(cfg.get("model_type", "?"))
+    if isinstance(cfg, dict):  # an llmtool-only format names its base family in llmtool_base_config
+        base = cfg.get("llmtool_base_config") or {}
+        return str(base.get("model_type") or cfg.get("model_type", "?"))
     return str(getattr(cfg, "model_type", "?"))
 
 

@@ -196,6 +196,35 @@ def save_state_dict(
     return paths
 
 
+BASE_CONFIG_KEY = "llmtool_base_config"
+
+
+def mark_llmtool_format(config: dict, model_type: str, architecture: str) -> dict:
+    """config.json of a checkpoint only llmtool can run (low-rank factors, packed integer weights).
+
+    ``model_type`` and ``architectures`` are renamed (e.g. ``llmtool_lowrank`` /
+    ``LlmtoolLowRankForCausalLM``) so that plain transformers refuses the directory with "does not recognize
+    this architecture" instead of building the base model, finding none of its weights and initialising them
+    at random; the base values move to ``llmtool_base_config``, from which ``llmtool.load`` rebuilds the
+    model. ``llmtool models export DIR OUT`` writes a plain transformers checkpoint."""
+    cfg = dict(config)
+    base = cfg.pop(BASE_CONFIG_KEY, None) or {"model_type": cfg.get("model_type"),
+                                              "architectures": cfg.get("architectures")}
+    cfg["model_type"] = model_type
+    cfg["architectures"] = [architecture]
+    cfg[BASE_CONFIG_KEY] = base
+    return cfg
+
+
+def base_config_dict(config: dict) -> dict:
+    """The base model's config.json of a :func:`mark_llmtool_format` config (unchanged otherwise)."""
+    if BASE_CONFIG_KEY not in config:
+        return dict(config)
+    cfg = {k: v for k, v in config.items() if k != BASE_CONFIG_KEY}
+    cfg.update({k: v for k, v in config[BASE_CONFIG_KEY].items() if v is not None})
+    return cfg
+
+
 def copy_tokenizer(src: Path, dst: Path) -> None:
     for name in TOKENIZER_FILES:
         if (Path(src) / name).is_file():

@@ -111,6 +111,24 @@ def load_model(model, dtype=None, device=None, check: bool = True):
     return m.to(dev).eval()
 
 
+def hf_config(path: Path | str, config: dict | None = None):
+    """The transformers config of a checkpoint; for an llmtool-only format (see
+    :func:`llmtool.core.checkpoint.mark_llmtool_format`) the base architecture's config."""
+    from transformers import AutoConfig
+
+    from llmtool.core.checkpoint import BASE_CONFIG_KEY, base_config_dict
+
+    config = config if config is not None else read_config(Path(path))
+    if BASE_CONFIG_KEY not in config:
+        return AutoConfig.from_pretrained(path, local_files_only=True, trust_remote_code=False)
+    cfg = base_config_dict(config)
+    model_type = cfg.pop("model_type", None)
+    try:
+        return AutoConfig.for_model(model_type, **cfg)
+    except ValueError as e:
+        raise UsageError(f"{path}/config.json: {BASE_CONFIG_KEY}.model_type {model_type!r}: {e}") from None
+
+
 def load_tokenizer(model):
     from transformers import AutoTokenizer
 

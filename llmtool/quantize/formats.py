@@ -22,7 +22,7 @@ from pathlib import Path
 
 import torch
 
-from llmtool.core.checkpoint import copy_tokenizer, load_state_dict, save_state_dict
+from llmtool.core.checkpoint import copy_tokenizer, load_state_dict, mark_llmtool_format, save_state_dict
 from llmtool.core.console import UsageError
 from llmtool.core.models import decoder_layers
 
@@ -74,6 +74,7 @@ def save_quantized(model, out_dir: Path, source_dir: Path, block: dict) -> None:
     config = json.loads((Path(source_dir) / "config.json").read_text())
     config["tie_word_embeddings"] = bool(model.config.tie_word_embeddings)
     config[KEY] = block
+    config = mark_llmtool_format(config, "llmtool_quant", "LlmtoolQuantForCausalLM")
     save_state_dict(storage_tensors(model, block), out_dir)
     (out_dir / "config.json").write_text(json.dumps(config, indent=2))
     copy_tokenizer(source_dir, out_dir)
@@ -112,15 +113,16 @@ def build_structure(model, block: dict) -> None:
 
 def load_checkpoint(path, config: dict, dtype, device):
     """Rebuild a quantized model from an llmtool_quant directory (``llmtool.load`` calls this)."""
-    from transformers import AutoConfig, AutoModelForCausalLM
+    from transformers import AutoModelForCausalLM
 
     from llmtool.core.arch import arch_of
+    from llmtool.core.models import hf_config as read_hf_config
 
     block = config[KEY]
     if block.get("format_version") != FORMAT_VERSION:
         raise UsageError(f"{path}/config.json: llmtool_quant.format_version {block.get('format_version')!r} "
                          f"is not supported (expected {FORMAT_VERSION})")
-    hf_config = AutoConfig.from_pretrained(path, local_files_only=True, trust_remote_code=False)
+    hf_config = read_hf_config(path, config)
     model = AutoModelForCausalLM.from_config(hf_config, dtype=torch.float32)
     build_structure(model, block)
     sd = load_state_dict(Path(path))

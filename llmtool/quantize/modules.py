@@ -107,6 +107,24 @@ class QuantLinear(nn.Module):
             y = F.linear(xq.float(), self.dequantized_weight(torch.float32))
         return y.reshape(*shape[:-1], self.out_features).to(x.dtype)
 
+    def to_dense_linear(self) -> nn.Linear:
+        """An ``nn.Linear`` with the dequantized weight and the online Hadamard folded in
+        (``F.linear(x Hm, W) = F.linear(x, W Hmᵀ)``); activation quantization is not representable and is
+        listed by :meth:`dense_export_drops` (``llmtool models export``; core.export's protocol)."""
+        ref = self.weight_scale if self.w_bits < 16 else self.weight
+        w = self.dequantized_weight(torch.float64)
+        if self.online_hadamard:
+            eye = torch.eye(self.in_features, dtype=torch.float64, device=w.device)
+            w = w @ hadamard_transform(eye).T
+        dtype = ref.dtype if ref.is_floating_point() and ref.dtype != torch.float16 else torch.float32
+        lin = nn.Linear(self.in_features, self.out_features, bias=False, dtype=dtype, device=ref.device)
+        with torch.no_grad():
+            lin.weight.copy_(w.to(dtype))
+        return lin
+
+    def dense_export_drops(self) -> list[str]:
+        return [f"activation quantization (A{self.a_bits})"] if self.a_bits < 16 else []
+
     def extra_repr(self) -> str:
         return (f"in={self.in_features}, out={self.out_features}, w_bits={self.w_bits}, a_bits={self.a_bits}, "
                 f"online_hadamard={self.online_hadamard}")

@@ -1,0 +1,120 @@
+"""Load check of llmtool's output formats (issue 18): each output is refused by plain transformers, and
+`llmtool models export` writes a plain transformers checkpoint whose perplexity matches `llmtool.load`'s.
+
+For each setting the default model is compressed or quantized by the CLI (its own subprocess), then:
+1. ``AutoModelForCausalLM.from_pretrained(OUT)`` is tried (before this change it built a Llama with random
+   projections: perplexity 3.3e11); the first line of its error is recorded;
+2. ``llmtool models export OUT DENSE`` runs (a subprocess; seconds and disk size recorded);
+3. perplexity on the first --eval-tokens tokens of austen-test (disjoint windows of --seqlen) of
+   ``llmtool.load(OUT)`` and of the plain transformers model loaded from DENSE.
+For W4A4 the export is the weight-only model (activation quantization has no plain form), so its
+perplexity is expected to differ from the W4A4 model's; the table says which rows must match.
+
+    python benchmarks/export_check.py [--eval-tokens 4096] [--threads 2]
+
+Writes benchmarks/results/export_check.{json,md}.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+SETTINGS = {
+    # name: (argv after `llmtool`, with {model} and {out}; whether the export must match exactly)
+    "compress svd-llm 0.2": (["compress", "--method", "svd-llm", "{model}", "{out}", "--ratio", "0.2",
+                              "--calib-samples", "8", "--calib-seqlen", "256"], True),
+    "quantize rtn W4A16": (["quantize", "--method", "rtn", "{model}", "{out}", "--w-bits", "4", "--a-bits", "16",
+                            "--no-eval"], True),
+    "quantize quarot W4A16 (GPTQ)": (["quantize", "--method", "quarot", "{model}", "{out}", "--w-bits", "4",
+                                      "--a-bits", "16", "--no-eval", "--calib-samples", "16"], True),
+    "quantize quarot W4A4 (GPTQ)": (["quantize", "--method", "quarot", "{model}", "{out}", "--w-bits", "4",
+                                     "--a-bits", "4", "--no-eval", "--calib-samples", "16"], False),
+}
+
+
+def _cli(*argv) -> float:
+    t0 = time.time()
+    p = subprocess.run([sys.executable, "-m", "llmtool", "--quiet", *argv], capture_output=True, text=True)
+    if p.returncode != 0:
+        raise SystemExit(f"llmtool {' '.join(argv)} failed: {p.stderr.strip()[-500:]}")
+    return time.time() - t0
+
+
+def _size_mb(d: Path) -> float:
+    return sum(f.stat().st_size for f in d.glob("*.safetensors")) / 2**20
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--model", default="smollm2-135m")
+    ap.add_argument("--eval-tokens", type=int, default=4096)
+    ap.add_argument("--seqlen", type=int, default=512)
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--only", nargs="*", default=None)
+    a = ap.parse_args()
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    import llmtool
+    from llmtool.core import data as data_mod
+    from llmtool.core.console import markdown_table
+    from llmtool.core.evalkit import perplexity
+    from llmtool.core.models import load_tokenizer, resolve_model
+
+    torch.set_num_threads(a.threads)
+    src = resolve_model(a.model)
+    ids = data_mod.tokenize(load_tokenizer(src), data_mod.load_text("austen-test"))
+
+    def ppl(m) -> float:
+        return perplexity(m, ids, seqlen=a.seqlen, max_tokens=a.eval_tokens).ppl
+
+    rows = [{"setting": "source model (fp32)", "refused_by_plain": None, "ppl_llmtool": ppl(llmtool.load(src)),
+             "ppl_export": None, "must_match": None, "match": None}]
+    with tempfile.TemporaryDirectory(prefix="export-check-") as tmp:
+        for name, (argv, must_match) in SETTINGS.items():
+            if a.only and not any(o in name for o in a.only):
+                continue
+            out, dense = Path(tmp) / f"o{len(rows)}", Path(tmp) / f"d{len(rows)}"
+            run_s = _cli("--threads", str(a.threads), *[x.format(model=src, out=out) for x in argv])
+            try:
+                AutoModelForCausalLM.from_pretrained(out, local_files_only=True)
+                refused = "LOADED (garbage)"
+            except (ValueError, OSError, KeyError) as e:
+                refused = str(e).splitlines()[0][:120]
+            export_s = _cli("models", "export", str(out), str(dense))
+            p_ours = ppl(llmtool.load(out))
+            p_plain = ppl(AutoModelForCausalLM.from_pretrained(dense, local_files_only=True).eval())
+            rel = abs(p_plain - p_ours) / p_ours
+            rows.append({"setting": name, "refused_by_plain": refused, "ppl_llmtool": p_ours, "ppl_export": p_plain,
+                         "rel_diff": rel, "must_match": must_match, "match": rel < 1e-4 if must_match else None,
+                         "run_seconds": round(run_s, 1), "export_seconds": round(export_s, 1),
+                         "llmtool_mb": round(_size_mb(out), 1), "export_mb": round(_size_mb(dense), 1)})
+            print(json.dumps(rows[-1]), file=sys.stderr, flush=True)
+    res = {"command": "python benchmarks/export_check.py " + " ".join(sys.argv[1:]), "model": a.model,
+           "eval": {"data": "austen-test", "tokens": a.eval_tokens, "seqlen": a.seqlen}, "rows": rows,
+           "machine": f"{os.cpu_count()} CPUs, torch {torch.__version__}"}
+    dst = ROOT / "benchmarks" / "results" / "export_check"
+    dst.with_suffix(".json").write_text(json.dumps(res, indent=2) + "\n")
+    fmt = lambda v: "" if v is None else (f"{v:.4g}" if isinstance(v, float) else str(v))  # noqa: E731
+    table = markdown_table([{k: fmt(r.get(k)) for k in ("setting", "refused_by_plain", "ppl_llmtool", "ppl_export",
+                                                        "rel_diff", "must_match", "match", "llmtool_mb", "export_mb",
+                                                        "export_seconds")} for r in rows])
+    dst.with_suffix(".md").write_text(
+        f"# Export / load check ({a.model})\n\nCommand: `{res['command']}`\n\nPerplexity on the first "
+        f"{a.eval_tokens} tokens of austen-test (windows of {a.seqlen}). `refused_by_plain`: the first line of "
+        "`AutoModelForCausalLM.from_pretrained(OUT)`'s error. `must_match`: the export is the same model "
+        "(weight-only settings); W4A4's export is its weight-only model.\n\n" + table + "\n")
+    print(table)
+
+
+if __name__ == "__main__":
+    main()

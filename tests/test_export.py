@@ -1,0 +1,102 @@
+"""llmtool's own formats are refused by plain transformers (never loaded as garbage), and
+`llmtool models export` turns them into plain transformers checkpoints with the same outputs (issue 18)."""
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from conftest import run_cli, save_tiny
+
+
+@pytest.fixture(scope="module")
+def tiny96(tmp_path_factory):
+    # intermediate 96 = 12 x 8: the online Hadamard before down_proj is a Kronecker product with a
+    # non-symmetric 12 x 12 factor, so a transposed fold would be caught
+    return save_tiny(tmp_path_factory.mktemp("t96") / "tiny", intermediate_size=96)
+
+
+def _logits(model, seed=0):
+    ids = torch.randint(0, model.config.vocab_size, (2, 16), generator=torch.Generator().manual_seed(seed))
+    with torch.no_grad():
+        return model(ids).logits.double()
+
+
+def _plain(path):
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(path, local_files_only=True, trust_remote_code=False).eval()
+
+
+def _make(kind, src, out, *extra):
+    if kind == "lowrank":
+        argv = ["compress", "--method", "svd", str(src), str(out), "--ratio", "0.3"]
+    else:
+        argv = ["quantize", str(src), str(out), "--no-eval", "--calib-samples", "4", "--calib-seqlen", "16", *extra]
+    code, _, err = run_cli(*argv)
+    assert code == 0, err
+
+
+@pytest.mark.parametrize("kind,extra", [
+    ("lowrank", ()),
+    ("quant", ("--method", "rtn", "--w-bits", "4", "--a-bits", "16")),
+    ("quant", ("--method", "quarot", "--w-bits", "4", "--a-bits", "16")),
+])
+def test_plain_transformers_refuses_and_export_matches(tiny96, tmp_path, kind, extra):
+    import llmtool
+
+    out = tmp_path / "out"
+    _make(kind, tiny96, out, *extra)
+    cfg = json.loads((out / "config.json").read_text())
+    assert cfg["model_type"] == f"llmtool_{kind}" and cfg["llmtool_base_config"]["model_type"] == "llama"
+    with pytest.raises(ValueError, match=f"llmtool_{kind}"):  # was: a Llama with random weights (ppl 3e11)
+        _plain(out)
+    ours = llmtool.load(out)
+    dense = tmp_path / "dense"
+    code, _, err = run_cli("--json", "models", "export", str(out), str(dense))
+    assert code == 0, err
+    assert "llmtool" not in (dense / "config.json").read_text().replace("llmtool.json", "")
+    plain = _plain(dense)
+    assert type(plain).__name__ == "LlamaForCausalLM"
+    torch.testing.assert_close(_logits(plain), _logits(ours), rtol=1e-4, atol=1e-4)
+    from transformers import AutoTokenizer
+
+    assert AutoTokenizer.from_pretrained(dense)("hello")["input_ids"]
+
+
+def test_export_of_w4a4_is_the_weight_only_model_and_says_so(tiny96, tmp_path):
+    """Activation quantization has no plain-transformers form: the export equals the quantized model with
+    activations at full precision (the rotation and the folded online Hadamard kept), and reports what it left out."""
+    import llmtool
+
+    out = tmp_path / "q"
+    _make("quant", tiny96, out, "--method", "quarot", "--w-bits", "4", "--a-bits", "4")
+    ours = llmtool.load(out)
+    for mod in ours.modules():
+        if hasattr(mod, "a_bits"):
+            mod.a_bits = 16
+    code, stdout, err = run_cli("--json", "models", "export", str(out), str(tmp_path / "d"))
+    assert code == 0, err
+    assert json.loads(stdout)["not_representable"] == ["activation quantization (A4)"]
+    torch.testing.assert_close(_logits(_plain(tmp_path / "d")), _logits(ours), rtol=1e-4, atol=1e-4)
+
+
+def test_export_refuses_modules_without_a_plain_equivalent(tiny96, tmp_path):
+    out = tmp_path / "rsq"
+    _make("quant", tiny96, out, "--method", "respinquant", "--w-bits", "4", "--a-bits", "16", "--rank", "4",
+          "--train-steps", "1", "--train-seqlen", "16")
+    code, _, err = run_cli("models", "export", str(out), str(tmp_path / "d"))
+    lines = [l for l in err.splitlines() if l.strip()]
+    assert code == 2 and len(lines) == 1 and "transition" in lines[0] and "no equivalent" in lines[0], err
+    assert not (tmp_path / "d").exists()
+
+
+def test_marked_outputs_still_pass_the_other_tools_checks(tiny96, tmp_path):
+    """The renamed model_type does not hide the base family from llmtool's own checks: quantize still
+    refuses a low-rank output for being low-rank (not for an unknown architecture)."""
+    out = tmp_path / "lr"
+    _make("lowrank", tiny96, out)
+    code, _, err = run_cli("quantize", "--method", "rtn", str(out), str(tmp_path / "q"), "--no-eval")
+    assert code == 2 and "low-rank" in err
+    code, stdout, err = run_cli("--json", "evaluate", "ppl", str(out), "--max-tokens", "64", "--seqlen", "32")
+    assert code == 0, err
