@@ -151,7 +151,7 @@ MODEL_COMMANDS: dict[str, list[str]] = {
     "evaluate ppl": ["evaluate", "ppl", "{model}", "--data", "{text}", "--seqlen", "16"],
     "models export": ["models", "export", "{model}", "{out}"],
     "kvcache evaluate": ["kvcache", "evaluate", "{model}", "--task", "ppl", "--data", "{text}"],
-    "train sft": ["train", "sft", "{model}", "{out}", "--data", "{sft}", "--max-steps", "1"],
+    "train sft": ["train", "sft", "{model}", "{out}", "--data", "{sft}", "--steps", "1"],
     "train grpo": ["train", "grpo", "{model}", "{out}", "--data", "{rl}", "--reward", "ground-truth"],
     "route make-experts": ["route", "make-experts", "{model}", "{out}", "--data", "{route}", "--max-steps", "1"],
     "select-data features": ["select-data", "features", "{pool}", "{out}", "--model", "{model}"],
@@ -278,6 +278,41 @@ def test_sigint_mid_run_exits_130_with_one_line_and_leaves_nothing(clean_tiny, t
     assert p.returncode == 130, err
     assert _one_error_line(err) == "error: interrupted"
     assert not out.exists() and not list(tmp_path.glob(".out.tmp-*"))
+
+
+WRITERS = [cmd for cmd, argv in MODEL_COMMANDS.items() if "{out}" in argv]
+
+
+@pytest.mark.parametrize("cmd", WRITERS)
+def test_interrupt_while_working_leaves_nothing(cmd, clean_tiny, tmp_path, tiny_text_file, area_data, monkeypatch,
+                                                capsys):
+    """Every writing command interrupted mid-run (Ctrl-C arriving while the model loads, after OUT's temp dir
+    exists): exit 130, one `error: interrupted` line, no OUT, no temp dir, inputs unchanged. bench-agent's
+    runs are resumable by design: they load the agent first and keep only a `.OUT.partial` work dir, which
+    the next run resumes (or `--restart` discards)."""
+    resumable = cmd.startswith("bench-agent")
+    import sys
+
+    import llmtool.core.models as models
+    from llmtool.cli import main
+
+    def interrupted(*a, **k):
+        assert resumable or list(tmp_path.glob(".out.tmp-*")), "interrupt before the temp dir exists tests nothing"
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(models, "load_model", interrupted)
+    before = _sha_tree(clean_tiny)
+    argv = [a.format(model=clean_tiny, out=tmp_path / "out", text=tiny_text_file, **area_data)
+            for a in MODEL_COMMANDS[cmd]]
+    monkeypatch.setattr(sys, "argv", ["llmtool", *argv])
+    with pytest.raises(SystemExit) as e:
+        main()
+    err = capsys.readouterr().err
+    assert e.value.code == 130, err
+    assert _one_error_line(err) == "error: interrupted"
+    assert not (tmp_path / "out").exists()
+    assert [p.name for p in tmp_path.glob(".out*")] in ([], [".out.partial"] if resumable else [])
+    assert _sha_tree(clean_tiny) == before
 
 
 # ------------------------------------------------------------------------ meaningless exit 0, second round
@@ -510,6 +545,8 @@ def reliability_table() -> str:
         add(" ".join(a for a in argv[:2] if not a.startswith("{")), "meaningless value")
     for cmd in FAST_FAIL:
         add(cmd, "missing input, before torch")
+    for cmd in WRITERS:
+        add(cmd, "interrupted mid-run")
     kinds = sorted({k for d in per.values() for k in d})
     lines = ["| command | " + " | ".join(kinds) + " | total |", "|---" * (len(kinds) + 2) + "|"]
     for cmd in sorted(per):
