@@ -315,6 +315,17 @@ def test_interrupt_while_working_leaves_nothing(cmd, clean_tiny, tmp_path, tiny_
     assert _sha_tree(clean_tiny) == before
 
 
+def test_unwritable_llmtool_home_fails_before_materializing(tmp_path):
+    """$LLMTOOL_HOME that cannot be created: one line, exit 2, before the packaged model is converted."""
+    from conftest import run_cli_subprocess
+
+    f = tmp_path / "afile"
+    f.write_text("x")
+    p = run_cli_subprocess("models", "pull", "smollm2-135m", env={"LLMTOOL_HOME": str(f / "home")}, timeout=120)
+    assert p.returncode == 2, p.stderr
+    assert "not a directory" in _one_error_line(p.stderr)
+
+
 # ------------------------------------------------------------------------ meaningless exit 0, second round
 ARG_CASES = {
     # name: (argv template, needle in the one error line)

@@ -83,6 +83,9 @@ def pull_model(alias: str, force: bool = False) -> Path:
     src_dir = Path(list(found.submodule_search_locations)[0])
     if not (src_dir / spec.file).is_file():
         raise UsageError(f"{src_dir / spec.file}: packaged model file missing (reinstall {spec.pip_name})")
+    from llmtool.core.checkpoint import check_output
+
+    check_output(out, overwrite=True)  # $LLMTOOL_HOME writable: fail before seconds of conversion, not after
     info(f"materializing {alias} from {spec.pip_name} into {out}")
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
