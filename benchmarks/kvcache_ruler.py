@@ -156,7 +156,10 @@ def main() -> None:
                 same += ours is not None and theirs[-1] == ours[i]
             check["presses"][label] = {"identical_generations": same, "samples": len(theirs),
                                        "kvpress_outputs": theirs, "llmtool_outputs": ours}
-    res = {"command": "python benchmarks/kvcache_ruler.py " + " ".join(sys.argv[1:]), "model": a.model,
+    command = "python benchmarks/kvcache_ruler.py " + " ".join(sys.argv[1:])
+    if a.kvpress_only:  # the grid came from the previous run
+        command = f"{prev['command']} (grid), then {command} (kvpress check)"
+    res = {"command": command, "model": a.model,
            "length": a.length, "samples": a.samples, "protocol": "question-aware (context + question compressed)",
            "rows": rows, "kvpress_check": check, "seconds": round(time.time() - t0, 1),
            "answers_niah_single": [s.answers[0] for s in samples["niah_single"]],
