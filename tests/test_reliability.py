@@ -564,7 +564,7 @@ def reliability_table() -> str:
         row = [str(per[cmd].get(k, "")) for k in kinds]
         lines.append(f"| `{cmd}` | " + " | ".join(row) + f" | {sum(per[cmd].values())} |")
     total = sum(sum(d.values()) for d in per.values())
-    lines.append(f"| **all** | " + " | ".join(str(sum(d.get(k, 0) for d in per.values())) for k in kinds)
+    lines.append("| **all** | " + " | ".join(str(sum(d.get(k, 0) for d in per.values())) for k in kinds)
                  + f" | {total} |")
     hostile = ", ".join(f"`{b}`" for b in sorted(BAD_MODELS))
     return "\n".join([BEGIN, "", *lines, "", f"Hostile checkpoints: {hostile}.", "", END])
