@@ -24,6 +24,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from llmtool.core.arch import set_module  # noqa: F401  (re-exported: compress.pipeline imports it from here)
 from llmtool.kernels.lowrank_matmul import lowrank_matmul
 
 FORMAT_KEY = "llmtool_lowrank"
@@ -72,12 +73,6 @@ class LowRankLinear(nn.Module):
 
     def extra_repr(self) -> str:
         return f"in_features={self.in_features}, out_features={self.out_features}, rank={self.rank}"
-
-
-def set_module(model: nn.Module, name: str, module: nn.Module) -> None:
-    parent_name, _, child = name.rpartition(".")
-    parent = model.get_submodule(parent_name) if parent_name else model
-    setattr(parent, child, module)
 
 
 def swap_in_lowrank(model: nn.Module, ranks: dict[str, int]) -> None:

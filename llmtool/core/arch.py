@@ -158,10 +158,15 @@ def linear(layer: torch.nn.Module, role: str, arch: Arch | None = None) -> torch
     return layer.get_submodule(linear_path(role, arch))
 
 
+def set_module(root: torch.nn.Module, name: str, module: torch.nn.Module) -> None:
+    """Replace the submodule at dotted path ``name`` of ``root`` by ``module``."""
+    parent, _, child = name.rpartition(".")
+    setattr(root.get_submodule(parent) if parent else root, child, module)
+
+
 def set_linear(layer: torch.nn.Module, role: str, module: torch.nn.Module, arch: Arch | None = None) -> None:
     """Replace the block Linear of ``role`` in ``layer`` by ``module``."""
-    parent, _, child = linear_path(role, arch).rpartition(".")
-    setattr(layer.get_submodule(parent) if parent else layer, child, module)
+    set_module(layer, linear_path(role, arch), module)
 
 
 def linear_names(model, roles=ROLES, check_linear: bool = True) -> list[list[str]]:

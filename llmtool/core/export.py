@@ -17,13 +17,8 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from llmtool.core.arch import set_module
 from llmtool.core.console import UsageError
-
-
-def _set_module(model: nn.Module, name: str, module: nn.Module) -> None:
-    parent_name, _, child = name.rpartition(".")
-    parent = model.get_submodule(parent_name) if parent_name else model
-    setattr(parent, child, module)
 
 
 def densify(model: nn.Module) -> list[str]:
@@ -35,7 +30,7 @@ def densify(model: nn.Module) -> list[str]:
         if hasattr(mod, "to_dense_linear"):
             dense = mod.to_dense_linear()
             dropped.update(getattr(mod, "dense_export_drops", lambda: [])())
-            _set_module(model, name, dense)
+            set_module(model, name, dense)
     for name, mod in model.named_modules():
         if getattr(mod, "kv_bits", 16) < 16:  # the attention-module attribute of a quantized KV cache
             dropped.add("KV-cache quantization (and the head-dim Hadamard on Q and K, which cancels in QK^T)")

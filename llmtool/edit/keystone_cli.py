@@ -12,6 +12,12 @@ from llmtool.core.options import ModelArg, OutDirArg, Overwrite
 app = typer.Typer(no_args_is_help=True)
 
 
+def _require_keystone(neurons: Path) -> None:
+    """The --neurons file exists (before torch is imported; load_keystone reads and validates it)."""
+    if not Path(neurons).exists():
+        raise UsageError(f"{neurons}: no such keystone file (make one with `llmtool edit keystone find`)")
+
+
 def _texts(path: str, default):
     from llmtool.edit.keystone import load_texts
 
@@ -75,8 +81,7 @@ def ablate_command(
     """Perplexity with the top-K keystone neurons zeroed vs equal-size matched random sets."""
     from llmtool.core.preflight import preflight
 
-    if not Path(neurons).exists():
-        raise UsageError(f"{neurons}: no such keystone file (make one with `llmtool edit keystone find`)")
+    _require_keystone(neurons)
     preflight(model, inputs=(eval_texts or None,))  # fail fast, before torch is imported
     from llmtool.core.models import load_model, load_tokenizer
     from llmtool.edit.cli import parse_int_list
@@ -124,8 +129,8 @@ def finetune_command(
 
     if trainable not in ("keystone", "random", "full"):
         raise UsageError(f"unknown --trainable {trainable!r}; choose keystone, random or full")
-    if trainable != "full" and not Path(neurons).exists():
-        raise UsageError(f"{neurons}: no such keystone file (make one with `llmtool edit keystone find`)")
+    if trainable != "full":
+        _require_keystone(neurons)
     preflight(model, out, overwrite=overwrite,  # fail fast, before torch is imported
               inputs=(data if data != "arithmetic" else None,))
     from llmtool.core.data import read_jsonl

@@ -6,6 +6,7 @@ from typing import Annotated, List, Optional
 import typer
 
 from llmtool.core.console import OPTIONS, UsageError, emit, info
+from llmtool.core.preflight import preflight  # torch-free: fail fast before heavy imports
 from llmtool.core.options import ModelArg, Overwrite
 from llmtool.core.registry import MethodConfig, method_options
 from llmtool.evade.attack_methods import ATTACK_METHODS
@@ -18,13 +19,6 @@ def check_output(*args, **kwargs):
     return check(*args, **kwargs)
 
 app = typer.Typer(no_args_is_help=True)
-
-def _preflight(model=None, out=None, inputs=(), overwrite: bool = False) -> None:
-    """core.preflight: inputs, model and OUT checked before torch is imported (fail fast)."""
-    from llmtool.core.preflight import preflight
-
-    preflight(model, out, inputs=inputs, overwrite=overwrite)
-
 
 def _scheme_help() -> str:
     from llmtool.evade.watermarks import SCHEMES
@@ -98,7 +92,7 @@ def watermark(
     overwrite: Overwrite = False,
 ) -> None:
     """Generate watermarked continuations of PROMPTS with MODEL (the prompt is not part of the text)."""
-    _preflight(model, output, (prompts, config), overwrite)
+    preflight(model, output, inputs=(prompts, config), overwrite=overwrite)
     from llmtool.core.data import read_jsonl, write_jsonl
     from llmtool.core.models import load_model, load_tokenizer, set_seed
     from llmtool.evade.generation import generate_ids, scheme_decoding
@@ -144,7 +138,7 @@ def detect(
     overwrite: Overwrite = False,
 ) -> None:
     """Score TEXTS with the scheme's detector (z-score, or p-value for EXP)."""
-    _preflight(model, output, (texts, config), overwrite)
+    preflight(model, output, inputs=(texts, config), overwrite=overwrite)
     from llmtool.core.data import read_jsonl, write_jsonl
     from llmtool.core.models import load_tokenizer
 
@@ -181,7 +175,7 @@ def attack(
     overwrite: Overwrite = False,
 ) -> None:
     """Rewrite watermarked texts to evade detection (writes attacked_text and attack fields)."""
-    _preflight(None, output, (inputs,), overwrite)
+    preflight(None, output, inputs=(inputs,), overwrite=overwrite)
     from llmtool.core.data import read_jsonl, write_jsonl
     from llmtool.core.models import load_model, load_tokenizer, set_seed
     from llmtool.evade.attacks import ATTACKS, AttackContext
@@ -232,7 +226,7 @@ def metrics(
     fpr: Annotated[Optional[List[float]], typer.Option("--fpr", help="FPR levels for TPR (repeatable).")] = None,
 ) -> None:
     """ASR, TPR at fixed FPR (thresholds from NEGATIVES), best F1 and AUROC."""
-    _preflight(None, None, (positives, negatives))
+    preflight(None, None, inputs=(positives, negatives))
     from llmtool.core.data import read_jsonl
     from llmtool.evade.metrics import detection_metrics
 
@@ -266,7 +260,7 @@ def quality(
     ppl_model: Annotated[str, typer.Option("--ppl-model", help="Oracle LM for perplexity.")] = "smollm2-135m",
 ) -> None:
     """Semantic similarity (all-MiniLM-L6-v2 cosine) of rewrite to source, and perplexity of both."""
-    _preflight(ppl_model, None, (attacked,))
+    preflight(ppl_model, None, inputs=(attacked,))
     import statistics
 
     from llmtool.core.data import read_jsonl
@@ -315,7 +309,7 @@ def calibrate_beta_cmd(
 ) -> None:
     """Find BIRA's beta0 for a rewriter: the first beta (from --from down to --to) at which at least
     one of the N paraphrases degenerates."""
-    _preflight(paraphraser, None, (data,))
+    preflight(paraphraser, None, inputs=(data,))
     from llmtool.core.data import read_jsonl
     from llmtool.core.models import load_model, load_tokenizer, set_seed
     from llmtool.evade.bira import calibrate_beta, suppression_set

@@ -110,10 +110,10 @@ def tasks_cmd(
     if not names:
         raise UsageError("give at least one --task (run `llmtool evaluate tasks` for the list)")
     chosen = tasks_mod.resolve(names)
-    from llmtool.core.preflight import preflight
+    from llmtool.core.preflight import looks_like_path, preflight
 
     preflight(model, out, overwrite=overwrite,  # fail fast, before torch is imported
-              inputs=[p for p in (base, requests) if p and (Path(p).suffix or "/" in p)])
+              inputs=[p for p in (base, requests) if looks_like_path(p)])
     from llmtool.core.models import load_model, load_tokenizer
 
     opts = tasks_mod.TaskOptions(data=data, seqlen=seqlen, max_tokens=max_tokens, batch_size=batch_size, base=base,

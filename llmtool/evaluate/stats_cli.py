@@ -13,6 +13,7 @@ from typing import Optional
 import typer
 
 from llmtool.core.console import OPTIONS, UsageError, emit, info, progress
+from llmtool.core.preflight import preflight  # torch-free: fail fast before heavy imports
 from llmtool.evaluate.cli import app
 
 Responses = typer.Option(None, "--responses", help="Per-item results: one wide/long .csv/.parquet, or one "
@@ -46,13 +47,6 @@ def _files(responses: Optional[list[str]]) -> list[str]:
     return out
 
 
-def _preflight(out: Optional[Path], overwrite: bool, inputs=()) -> None:
-    """Inputs exist and OUT is writable, before numpy/torch-heavy modules are imported."""
-    from llmtool.core.preflight import preflight
-
-    preflight(None, out, inputs=inputs, overwrite=overwrite)
-
-
 def check_output(*args, **kwargs):
     """core.checkpoint's output check, imported when a command runs (it loads torch)."""
     from llmtool.core.checkpoint import check_output as check
@@ -74,7 +68,7 @@ def sysr_cmd(
     overwrite: bool = typer.Option(False, "--overwrite", help="Replace OUT if it exists."),
 ) -> None:
     """Identify the best model with SySRs (replay over a score matrix, or live with a lazy scorer)."""
-    _preflight(out, overwrite, (*_files(responses), models, queries))
+    preflight(None, out, inputs=(*_files(responses), models, queries), overwrite=overwrite)
     import numpy as np
 
     from llmtool.evaluate import sysr as S
@@ -135,7 +129,7 @@ def build_matrix_cmd(
     overwrite: bool = typer.Option(False, "--overwrite"),
 ) -> None:
     """Convert long tables or lm-eval samples files into one wide score matrix (item_id + one column per model)."""
-    _preflight(out, overwrite, _files(responses))
+    preflight(None, out, inputs=_files(responses), overwrite=overwrite)
     from llmtool.evaluate.results_io import load_matrix, write_wide
 
     check_output(out, overwrite)
@@ -231,7 +225,7 @@ def judge_cmd(
     overwrite: bool = typer.Option(False, "--overwrite"),
 ) -> None:
     """Aggregate n judge ratings per item (BTD with calibration, and baselines); MAE/pairwise accuracy."""
-    _preflight(out, overwrite, (votes, human, calib, load_calib))
+    preflight(None, out, inputs=(votes, human, calib, load_calib), overwrite=overwrite)
     from llmtool.core.data import read_jsonl, write_jsonl
     from llmtool.evaluate import judge_btd as J
 
@@ -343,7 +337,7 @@ def autograder_fit_cmd(
     overwrite: bool = typer.Option(False, "--overwrite"),
 ) -> None:
     """Fit a Bayesian GLM of grades; write draws, summary (R-hat, ESS), diagnostics, LOO/WAIC."""
-    _preflight(out, overwrite, (data,))
+    preflight(None, out, inputs=(data,), overwrite=overwrite)
     from llmtool.core.checkpoint import atomic_output, write_provenance
     from llmtool.core.data import read_table
     from llmtool.evaluate import autograder_glm as G
@@ -391,7 +385,7 @@ def autograder_compare_cmd(
     criterion: str = typer.Option("loo", help="loo or waic."),
 ) -> None:
     """Compare fitted models by PSIS-LOO or WAIC (elpd difference and its SE)."""
-    _preflight(None, False, fits)
+    preflight(None, None, inputs=fits)
     import warnings
 
     import arviz as az

@@ -8,6 +8,7 @@ from typing import Annotated, Optional
 import typer
 
 from llmtool.core.console import UsageError, emit, info, progress
+from llmtool.core.preflight import preflight  # torch-free: fail fast before heavy imports
 from llmtool.core.options import OutDirArg, Overwrite
 from llmtool.core.registry import MethodConfig, method_options
 from llmtool.select_data.methods import CLUSTERERS, SELECTORS
@@ -19,13 +20,6 @@ Corpus = Annotated[Path, typer.Argument(help="Corpus JSONL: {\"id\", \"text\", \
                                         metavar="CORPUS")]
 Pool = Annotated[Path, typer.Argument(help="Pool JSONL: {\"id\", \"prompt\", ...} per line (other fields untouched).",
                                       metavar="POOL")]
-
-
-def _preflight(model=None, out=None, inputs=(), overwrite: bool = False) -> None:
-    """core.preflight: inputs, model and OUT checked before torch is imported (fail fast)."""
-    from llmtool.core.preflight import preflight
-
-    preflight(model, out, inputs=inputs, overwrite=overwrite)
 
 
 def _load_embeddings(path: Path, rows: list[dict]):
@@ -58,7 +52,7 @@ def embed(corpus: Corpus,
           batch_size: Annotated[int, typer.Option("--batch-size", min=1, help="Throughput only.")] = 32,
           overwrite: Overwrite = False):
     """Embed every corpus line (row i = line i); the id list's hash is stored and checked on load."""
-    _preflight(model if embedder == "lm" else None, out, (corpus,), overwrite)
+    preflight(model if embedder == "lm" else None, out, inputs=(corpus,), overwrite=overwrite)
     from llmtool.core.checkpoint import atomic_file
     from llmtool.select_data.corpora import embed_lm, embed_minilm, ids_hash, read_jsonl
 
@@ -94,7 +88,7 @@ def cluster(corpus: Corpus, out: OutDirArg, config: MethodConfig,
             beta: Annotated[float, typer.Option("--beta", min=0.0, help="GIS weight of local density.")] = 1.0,
             overwrite: Overwrite = False):
     """Cut the corpus into domains (GEM or a baseline); writes assignments, model, taxonomy, summary."""
-    _preflight(None, out, (corpus, embeddings), overwrite)
+    preflight(None, out, inputs=(corpus, embeddings), overwrite=overwrite)
     import numpy as np
 
     from llmtool.core.job import job
@@ -147,8 +141,6 @@ def features_cmd(pool: Pool, out: OutDirArg,
                  batch_size: Annotated[int, typer.Option("--batch-size", min=1, help="Throughput only.")] = 8,
                  overwrite: Overwrite = False):
     """One greedy rollout per prompt and the hidden-state anchors SHIFT and its baselines read."""
-    from llmtool.core.preflight import preflight
-
     preflight(model, out, inputs=(pool,), overwrite=overwrite)  # fail fast, before torch is imported
     import numpy as np
 
@@ -205,7 +197,7 @@ def select(pool: Pool, config: MethodConfig,
            out: Annotated[Path, typer.Option("-o", "--out", help="Output subset JSONL.")],
            overwrite: Overwrite = False):
     """Pick a budget of pool prompts (label-free: only features are read, never answers)."""
-    _preflight(None, out, (pool, features), overwrite)
+    preflight(None, out, inputs=(pool, features), overwrite=overwrite)
     import numpy as np
     from scipy.stats import spearmanr
 
@@ -252,7 +244,7 @@ def distill_cmd(domains: Annotated[Path, typer.Argument(help="OUT directory of `
                 epoch: Annotated[int, typer.Option("--epoch", min=1, help="fastText epochs.")] = 5,
                 overwrite: Overwrite = False):
     """Train the fastText student on GIS-selected, domain-balanced pseudo-labels; report agreement."""
-    _preflight(None, out, (domains, corpus), overwrite)
+    preflight(None, out, inputs=(domains, corpus), overwrite=overwrite)
     import numpy as np
 
     from llmtool.core.checkpoint import atomic_file
