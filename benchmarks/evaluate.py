@@ -9,8 +9,11 @@ Matrices:
 * ``synthetic:irt`` with the spec's three settings (high similarity, low similarity, small gap).
 
 Writes benchmarks/results/evaluate.json and evaluate.md.
-    python benchmarks/evaluate.py                      # defaults (about 10-15 min on 2 busy CPU cores)
-    python benchmarks/evaluate.py --reps 500 --lrf-reps 100 --autograder   # spec-sized run
+Protocol: every method gets the same replays (--reps, default 100) with common random numbers (replay r
+of every method and budget starts from the same generator), budgets 1-80 % of K*N, a Wilson 95% interval
+on every cell, and paired differences (Newcombe) of SySR against each baseline.
+    python benchmarks/evaluate.py --workers 2          # defaults (ucbe-lrf dominates: about an hour on 2 cores)
+    python benchmarks/evaluate.py --reps 500 --autograder   # spec-sized run
 """
 from __future__ import annotations
 
@@ -25,7 +28,10 @@ from llmtool.core.console import markdown_table
 
 RESULTS = Path(__file__).resolve().parent / "results"
 METHODS = ["sysr", "sr", "sh", "sh-shared", "uniform", "uniform-shared", "ucbe", "ucbe-lrf"]
-FRACS = [0.01, 0.02, 0.05, 0.1, 0.2, 0.4]
+FRACS = [0.01, 0.02, 0.05, 0.1, 0.15, 0.2, 0.3, 0.4, 0.6, 0.8]
+# the synthetic matrices stop at 0.4: ucbe-lrf's cost grows with the budget (about 12 s per replay at 0.8 on
+# a 10 x 2000 matrix), and the previous runs had every method at error <= 0.05 there by 0.4
+FRACS_SYNTHETIC = [f for f in FRACS if f <= 0.4]
 
 
 # ------------------------------------------------------------------ real matrix from model variants
@@ -99,19 +105,35 @@ def build_variant_matrix(tokens: int, seqlen: int = 512):
 
 # ------------------------------------------------------------------ best-model identification
 
-def run_bai(matrices, reps: int, lrf_reps: int, seed: int):
+def run_bai(matrices, reps: int, seed: int, workers: int):
     from llmtool.evaluate import bai_sim as B
 
     all_rows, info = [], {}
     for name, mat in matrices.items():
         t0 = time.time()
-        rows = B.simulate(mat, METHODS, FRACS, reps, seed, benchmark=name, reps_per_method={"ucbe-lrf": lrf_reps})
-        # UCB-E exploration sweep (reported separately: tuning on the reporting matrices is optimistic)
-        rows += B.simulate(mat, ["ucbe@0.1", "ucbe@10"], FRACS, reps, seed, benchmark=name)
+        # UCB-E exploration sweep (ucbe@0.1, ucbe@10) reported separately: tuning on the reporting
+        # matrices is optimistic
+        fracs = FRACS if name.startswith("real") else FRACS_SYNTHETIC
+        rows = B.simulate(mat, METHODS + ["ucbe@0.1", "ucbe@10"], fracs, reps, seed, benchmark=name, workers=workers)
         all_rows += rows
         info[name] = {**mat.summary(), "seconds": round(time.time() - t0, 1)}
         print(f"  {name}: {info[name]}", flush=True)
     return all_rows, info
+
+
+def paired_vs_sysr(rows):
+    from llmtool.evaluate import bai_sim as B
+
+    cell = {(r.benchmark, r.method, r.budget_frac): r for r in rows}
+    out = []
+    for (bench, m, f), r in cell.items():
+        if m != "sysr":
+            out.append(B.paired_comparison(cell[(bench, "sysr", f)], r))
+    return out
+
+
+def _cell_text(r) -> str:
+    return f"{r.error_rate:.2f} ({r.error_ci_low:.2f}-{r.error_ci_high:.2f})"
 
 
 # ------------------------------------------------------------------ judge aggregation
@@ -171,8 +193,8 @@ def run_autograder(chains: int, samples: int):
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--reps", type=int, default=200, help="replays per (method, budget) (spec: 500)")
-    ap.add_argument("--lrf-reps", type=int, default=3, help="replays for ucbe-lrf (slow; spec: 100)")
+    ap.add_argument("--reps", type=int, default=100, help="replays per (method, budget), every method (spec: 500)")
+    ap.add_argument("--workers", type=int, default=1, help="processes for the (method, budget) cells")
     ap.add_argument("--tokens", type=int, default=1024, help="items of the real matrix (token positions)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--rebuild-matrix", action="store_true")
@@ -201,8 +223,9 @@ def main() -> None:
         "irt spread=3 gap=0.03 seed=3": B.synthetic_irt(10, 2000, 0.03, 3.0, 3),
     }
     print("best-model identification", flush=True)
-    bai_rows, matrix_info = run_bai(matrices, args.reps, args.lrf_reps, args.seed)
+    bai_rows, matrix_info = run_bai(matrices, args.reps, args.seed, args.workers)
     summary = B.summarise(bai_rows)
+    paired = paired_vs_sysr(bai_rows)
     print("judge aggregation", flush=True)
     judge_rows = run_judge(args.seed)
     auto_rows = run_autograder(args.chains, args.samples) if args.autograder else None
@@ -210,16 +233,18 @@ def main() -> None:
     from dataclasses import asdict
 
     doc = {"settings": vars(args), "matrices": matrix_info, "bai": [asdict(r) for r in bai_rows], "bai_summary": summary,
+           "bai_paired_vs_sysr": paired,
            "judge": judge_rows, "autograder": auto_rows, "seconds": round(time.time() - t_start, 1)}
     (RESULTS / "evaluate.json").write_text(json.dumps(doc, indent=2, default=float))
 
+    flags = (f" --reps {args.reps}" if args.reps != 100 else "") + (" --autograder" if args.autograder else "")
     md = ["# evaluate benchmark", "",
-          f"Command: `python benchmarks/evaluate.py{' --autograder' if args.autograder else ''}` "
-          f"(reps {args.reps}, ucbe-lrf reps {args.lrf_reps}, seed {args.seed}); {doc['seconds']:.0f} s.", ""]
+          (f"Command: `python benchmarks/evaluate.py{flags}` (reps {args.reps} for every method, common random "
+           f"numbers, seed {args.seed}); {doc['seconds']:.0f} s."), ""]
     md += ["## Matrices", "", markdown_table([{"benchmark": k, **{c: v[c] for c in ("models", "items", "best_mean",
                                                                                    "top2_gap", "top2_disagreement")}}
                                               for k, v in matrix_info.items()]), ""]
-    md += ["## Error rate vs budget fraction (Wilson 95% CI in the JSON)", ""]
+    md += ["## Error rate vs budget fraction (Wilson 95% interval)", ""]
     for bench in matrices:
         md += [f"### {bench}", ""]
         table = []
@@ -227,7 +252,7 @@ def main() -> None:
             row = {"method": m}
             for r in bai_rows:
                 if r.benchmark == bench and r.method == m:
-                    row[f"f={r.budget_frac:g}"] = f"{r.error_rate:.3f}"
+                    row[f"f={r.budget_frac:g}"] = _cell_text(r)
             table.append(row)
         md += [markdown_table(table), ""]
     md += ["## Average error and budget needed for error <= 0.05", "",
@@ -235,6 +260,17 @@ def main() -> None:
                             **{f"needed {b}": ("-" if x is None else f"{x:g}") for b, x in v["budget_needed"].items()},
                             "worst_case": "-" if v["worst_case_budget"] is None else f"{v['worst_case_budget']:g}"}
                            for m, v in summary["methods"].items()]), ""]
+    md += ["## SySR minus each baseline: paired error difference (Newcombe 95% interval; negative = SySR better)", ""]
+    for bench in matrices:
+        md += [f"### {bench}", ""]
+        table = []
+        for m in METHODS[1:] + ["ucbe@0.1", "ucbe@10"]:
+            row = {"baseline": m}
+            for c in paired:
+                if c["benchmark"] == bench and c["b"] == m:
+                    row[f"f={c['budget_frac']:g}"] = f"{c['difference']:+.2f} ({c['ci_low']:+.2f},{c['ci_high']:+.2f})"
+            table.append(row)
+        md += [markdown_table(table), ""]
     md += ["## Judge aggregation (synthetic Davidson judge, humans tie more: nu_H = 2; 600 calibration / 2400 test items)",
            "", markdown_table([{k: (f"{v:.3f}" if isinstance(v, float) else v) for k, v in r.items()
                                 if k in ("nu_mode", "n", "method", "mae", "label_accuracy", "pairwise_acc")}

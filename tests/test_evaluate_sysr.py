@@ -275,3 +275,63 @@ def test_live_cli_with_tiny_models(tmp_path, tiny_llama_dir):
     code, _, err = run_cli("evaluate", "sysr", "--models", tmp_path / "bad.yaml", "--queries", tmp_path / "bench.jsonl",
                            "--budget", "4")
     assert code == 2 and "entry 1: needs fields 'name' and 'path'" in err
+
+
+# ------------------------------------------------------------------ replay protocol (issue 19)
+
+def test_rank1_fast_path_equals_general_als():
+    from llmtool.evaluate.bai import rank1_ensemble
+
+    rng = np.random.default_rng(3)
+    x = (rng.random((6, 80)) < 0.6).astype(float)
+    mask = rng.random((6, 80)) < 0.4
+    fast = rank1_ensemble(x, mask, np.random.default_rng(7), ensemble=8, rank=1)
+    # the same alternating ridge updates written out in float64 with einsum, same generator draws
+    r = np.random.default_rng(7)
+    m = mask[None] & (r.random((8, 6, 80)) >= 0.05)
+    u = r.normal(0.0, 0.1, (8, 6)) + 0.5
+    v = r.normal(0.0, 0.1, (8, 80)) + 0.5
+    xm = np.where(mask, x, 0.0)
+    for _ in range(10):
+        u = np.einsum("ekn,kn,en->ek", m, xm, v) / (np.einsum("ekn,en->ek", m, v * v) + 0.1)
+        v = np.einsum("ekn,kn,ek->en", m, xm, u) / (np.einsum("ekn,ek->en", m, u * u) + 0.1)
+    general = u[:, :, None] * v[:, None, :]
+    assert fast.shape == (8, 6, 80)
+    np.testing.assert_allclose(fast, general, atol=2e-5)
+
+
+def test_common_random_numbers_and_workers():
+    m = B.synthetic_irt(5, 300, 0.05, 3.0, 1)
+    rows = B.simulate(m, ["ucbe", "ucbe@1", "uniform"], [0.05, 0.2], 40, seed=2)
+    cell = {(r.method, r.budget_frac): r for r in rows}
+    for f in (0.05, 0.2):
+        a, b = cell[("ucbe", f)], cell[("ucbe@1", f)]   # the same method under two labels
+        assert a.wrong == b.wrong and len(a.wrong) == 40
+        c = B.paired_comparison(a, b)
+        assert c["difference"] == 0 and c["a_only"] == c["b_only"] == 0
+        assert c["ci_low"] <= 0 <= c["ci_high"]
+    c = B.paired_comparison(cell[("uniform", 0.05)], cell[("ucbe", 0.05)])
+    assert c["difference"] == pytest.approx(cell[("uniform", 0.05)].error_rate - cell[("ucbe", 0.05)].error_rate)
+    parallel = B.simulate(m, ["ucbe", "ucbe@1", "uniform"], [0.05, 0.2], 40, seed=2, workers=2)
+    assert [(r.method, r.budget_frac, r.wrong, r.mean_regret) for r in parallel] == \
+        [(r.method, r.budget_frac, r.wrong, r.mean_regret) for r in rows]
+
+
+def test_paired_difference_interval_covers():
+    from llmtool.core.intervals import paired_difference
+
+    rng = np.random.default_rng(0)
+    # correlated pairs: P(A err) = 0.30, P(B err) = 0.20, P(both) = 0.15 -> true difference 0.10
+    probs = np.array([0.15, 0.15, 0.05, 0.65])          # both, A only, B only, neither
+    hits, trials = 0, 2000
+    for _ in range(trials):
+        both, a_only, b_only, _ = rng.multinomial(100, probs)
+        d, lo, hi = paired_difference(int(a_only), int(b_only), int(both), 100)
+        assert lo <= d <= hi
+        hits += lo <= 0.10 <= hi
+    assert 0.93 <= hits / trials <= 0.975
+    # paired beats unpaired: a strongly correlated pair gives a narrower interval than independent Wilsons
+    d, lo, hi = paired_difference(5, 0, 40, 100)
+    assert lo > 0 and hi - lo < 0.12
+    with pytest.raises(ValueError):
+        paired_difference(60, 50, 0, 100)

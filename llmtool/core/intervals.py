@@ -13,3 +13,24 @@ def wilson(k: int, n: int, z: float = 1.96) -> tuple[float, float]:
     centre = (p + z * z / (2 * n)) / den
     half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / den
     return (max(0.0, centre - half), min(1.0, centre + half))
+
+
+def paired_difference(a_only: int, b_only: int, both: int, n: int, z: float = 1.96) -> tuple[float, float, float]:
+    """Difference p_A - p_B of two proportions measured on the same n units (paired, e.g. two methods'
+    error rates over common random numbers), with Newcombe's (1998, method 10) hybrid score interval.
+    ``a_only``: units where only A has the event, ``b_only``: only B, ``both``: both.
+    Returns (difference, low, high)."""
+    if n == 0:
+        return 0.0, -1.0, 1.0
+    neither = n - a_only - b_only - both
+    if neither < 0 or min(a_only, b_only, both) < 0:
+        raise ValueError(f"paired counts {a_only}, {b_only}, {both} do not fit in n = {n}")
+    p1, p2 = (both + a_only) / n, (both + b_only) / n
+    l1, u1 = wilson(both + a_only, n, z)
+    l2, u2 = wilson(both + b_only, n, z)
+    den = (both + a_only) * (neither + b_only) * (both + b_only) * (neither + a_only)
+    phi = (both * neither - a_only * b_only) / math.sqrt(den) if den > 0 else 0.0
+    diff = p1 - p2
+    lo = diff - math.sqrt(max(0.0, (p1 - l1) ** 2 - 2 * phi * (p1 - l1) * (u2 - p2) + (u2 - p2) ** 2))
+    hi = diff + math.sqrt(max(0.0, (u1 - p1) ** 2 - 2 * phi * (u1 - p1) * (p2 - l2) + (p2 - l2) ** 2))
+    return diff, max(-1.0, lo), min(1.0, hi)

@@ -1,10 +1,14 @@
 """Replay simulation of best-model identification methods over score matrices, and the synthetic
 IRT generator with planted truth (spec sysr.md, sections 5 and 8).
 
-Protocol: per method and budget fraction f (budget T = max(K, round(f * K * N))), R replays with
-independent generators seeded by (seed, method, f, replay). Error rate = share of replays whose answer is
-not among the exactly tied best full-benchmark means; Wilson 95% interval; mean simple regret in accuracy
-points. Budget needed = smallest f on the grid with error <= delta (0.05); worst case = max over benchmarks.
+Protocol: per method and budget fraction f (budget T = max(K, round(f * K * N))), R replays. Common random
+numbers: replay r of every method at every budget starts from the same generator, seeded by (seed, r), so
+two methods that draw queries the same way see the same queries and differences between methods are
+measured on paired replays (:func:`paired_comparison`, Newcombe's paired-difference interval). Every
+method gets the same R unless a per-method count is given explicitly. Error rate = share of replays whose
+answer is not among the exactly tied best full-benchmark means; Wilson 95% interval; mean simple regret
+in accuracy points. Budget needed = smallest f on the grid with error <= delta (0.05); worst case = max
+over benchmarks. ``workers`` > 1 runs the (method, budget) cells in that many processes (same results).
 
 Synthetic generator (``irt``): item difficulties b_j ~ N(0, spread^2), per-(model, item) noise
 e_aj ~ N(0, 0.3^2), target accuracies linspace(0.55, 0.70, K) with the last replaced by (second-last + gap);
@@ -15,9 +19,8 @@ target; X_aj ~ Bernoulli(sigmoid(theta_a - b_j + e_aj)). A large spread makes mo
 from __future__ import annotations
 
 import math
-import zlib
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
 import numpy as np
 
@@ -72,9 +75,9 @@ def wilson(errors: int, total: int, z: float = 1.959963984540054) -> tuple[float
     return (0.0 if errors == 0 else lo), (1.0 if errors == total else hi)
 
 
-def _stream(seed: int, method: str, frac_index: int, rep: int) -> np.random.Generator:
-    tag = zlib.crc32(method.encode())
-    return np.random.default_rng(np.random.SeedSequence([seed, tag, frac_index, rep]))
+def _stream(seed: int, rep: int) -> np.random.Generator:
+    """Replay ``rep``'s generator: the same for every method and budget (common random numbers)."""
+    return np.random.default_rng(np.random.SeedSequence([seed, rep]))
 
 
 @dataclass
@@ -89,41 +92,69 @@ class SimRow:
     mean_regret: float
     max_used: int
     benchmark: str
+    wrong: str = ""          # per replay, "1" where the answer was wrong (for paired comparisons)
 
 
 def budget_for(frac: float, k: int, n: int) -> int:
     return int(max(k, round(frac * k * n)))
 
 
-def simulate(matrix: ScoreMatrix, methods: Sequence[str], fracs: Sequence[float], reps: int, seed: int = 0,
-             benchmark: str = "", method_params: dict[str, dict] | None = None,
-             reps_per_method: dict[str, int] | None = None, progress=None) -> list[SimRow]:
-    """Error rate, CI and regret per (method, budget fraction) over ``reps`` replays."""
+def _cell(matrix: ScoreMatrix, label: str, params: dict, frac: float, r_count: int, seed: int,
+          benchmark: str) -> SimRow:
     mu = matrix.scores.mean(axis=1)
     best = set(matrix.best())
     k, n = matrix.shape
-    rows: list[SimRow] = []
-    jobs = [(m, fi, f) for m in methods for fi, f in enumerate(fracs)]
-    for m, fi, f in (progress(jobs, "bai-sim") if progress else jobs):
-        label = m
-        cfg = parse_method(m, **dict((method_params or {}).get(m, {})))   # "ucbe@0.1": UCB-E with a = 0.1
-        name = cfg.name
-        budget = budget_for(f, k, n)
-        r_count = (reps_per_method or {}).get(name, reps)
-        errors, regret, max_used = 0, 0.0, 0
-        for rep in range(r_count):
-            rng = _stream(seed, label, fi, rep)
-            oracle = MatrixOracle(matrix.scores, rng, matrix.samples)
-            res = cfg.run(oracle, budget, rng)
-            if name != "full" and oracle.used > budget:
-                raise AssertionError(f"{name} used {oracle.used} > budget {budget}")
-            max_used = max(max_used, oracle.used)
-            errors += res.best not in best
-            regret += mu.max() - mu[res.best]
-        lo, hi = wilson(errors, r_count)
-        rows.append(SimRow(label, float(f), budget, r_count, errors / r_count, lo, hi,
-                           100.0 * regret / r_count, max_used, benchmark or matrix.source))
-    return rows
+    cfg = parse_method(label, **params)          # "ucbe@0.1": UCB-E with a = 0.1
+    budget = budget_for(frac, k, n)
+    wrong, regret, max_used = [], 0.0, 0
+    for rep in range(r_count):
+        rng = _stream(seed, rep)
+        oracle = MatrixOracle(matrix.scores, rng, matrix.samples)
+        res = cfg.run(oracle, budget, rng)
+        if cfg.name != "full" and oracle.used > budget:
+            raise AssertionError(f"{cfg.name} used {oracle.used} > budget {budget}")
+        max_used = max(max_used, oracle.used)
+        wrong.append(res.best not in best)
+        regret += mu.max() - mu[res.best]
+    errors = sum(wrong)
+    lo, hi = wilson(errors, r_count)
+    return SimRow(label, float(frac), budget, r_count, errors / r_count, lo, hi, 100.0 * regret / r_count,
+                  max_used, benchmark or matrix.source, "".join("1" if w else "0" for w in wrong))
+
+
+def simulate(matrix: ScoreMatrix, methods: Sequence[str], fracs: Sequence[float], reps: int, seed: int = 0,
+             benchmark: str = "", method_params: dict[str, dict] | None = None,
+             reps_per_method: dict[str, int] | None = None, progress=None, workers: int = 1) -> list[SimRow]:
+    """Error rate, CI and regret per (method, budget fraction) over ``reps`` replays (common random
+    numbers across methods and budgets; see the module docstring)."""
+    jobs = []
+    for m in methods:
+        name = parse_method(m, **dict((method_params or {}).get(m, {}))).name
+        for f in fracs:
+            jobs.append((m, dict((method_params or {}).get(m, {})), float(f), (reps_per_method or {}).get(name, reps)))
+    if workers > 1 and len(jobs) > 1:
+        from concurrent.futures import ProcessPoolExecutor
+
+        with ProcessPoolExecutor(max_workers=workers) as pool:
+            futures = [pool.submit(_cell, matrix, m, p, f, r, seed, benchmark) for m, p, f, r in jobs]
+            it = progress(futures, "bai-sim") if progress else futures
+            return [fut.result() for fut in it]
+    return [_cell(matrix, m, p, f, r, seed, benchmark) for m, p, f, r in (progress(jobs, "bai-sim") if progress else jobs)]
+
+
+def paired_comparison(a: SimRow, b: SimRow) -> dict:
+    """Error-rate difference a - b over the same replays (common random numbers), with Newcombe's
+    paired-difference 95% interval; ``a_only``/``b_only`` count replays where only that method erred."""
+    from llmtool.core.intervals import paired_difference
+
+    if len(a.wrong) != len(b.wrong) or not a.wrong:
+        raise ValueError("paired comparison needs the same replays of both methods")
+    a_only = sum(x == "1" and y == "0" for x, y in zip(a.wrong, b.wrong))
+    b_only = sum(x == "0" and y == "1" for x, y in zip(a.wrong, b.wrong))
+    both = sum(x == "1" and y == "1" for x, y in zip(a.wrong, b.wrong))
+    d, lo, hi = paired_difference(a_only, b_only, both, len(a.wrong))
+    return {"a": a.method, "b": b.method, "budget_frac": a.budget_frac, "benchmark": a.benchmark,
+            "difference": d, "ci_low": lo, "ci_high": hi, "a_only": a_only, "b_only": b_only, "both": both}
 
 
 def budget_needed(rows: Sequence[SimRow], delta: float = 0.05) -> dict[str, dict[str, float | None]]:

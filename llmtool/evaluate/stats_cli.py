@@ -155,9 +155,11 @@ def bai_sim_cmd(
     methods: Optional[str] = typer.Option(None, help="Comma list of methods (default: every registered method "
                                           "but full); NAME@VALUE sets the method's main option, e.g. ucbe@0.1 "
                                           "(exploration a), ucbe-lrf@3 (eta)."),
-    budget_fracs: str = typer.Option("0.01,0.02,0.05,0.1,0.2,0.4", help="Comma list of budget fractions."),
+    budget_fracs: str = typer.Option("0.01,0.02,0.05,0.1,0.15,0.2,0.3,0.4,0.6,0.8", help="Comma list of budget fractions."),
     reps: int = typer.Option(500, min=1, help="Replays per (method, budget)."),
-    lrf_reps: int = typer.Option(100, min=1, help="Replays for ucbe-lrf (slow)."),
+    lrf_reps: Optional[int] = typer.Option(None, min=1, help="Replays for ucbe-lrf (slow; default: --reps, "
+                                           "the same count as every other method)."),
+    workers: int = typer.Option(1, min=1, help="Processes for the (method, budget) cells (same results)."),
     delta: float = typer.Option(0.05, help="Target error for the budget-needed summary."),
     out: Path = typer.Option(..., "-o", "--out", help="bai_results.csv (bai_summary.json is written beside it)."),
     overwrite: bool = typer.Option(False, "--overwrite"),
@@ -191,7 +193,8 @@ def bai_sim_cmd(
     else:
         raise UsageError("give --responses FILE or --synthetic irt")
     rows = B.simulate(mat, method_list, fracs, reps, OPTIONS.seed, benchmark=Path(mat.source).stem
-                      if synthetic is None else mat.source, reps_per_method={"ucbe-lrf": lrf_reps}, progress=progress)
+                      if synthetic is None else mat.source, reps_per_method={"ucbe-lrf": lrf_reps} if lrf_reps else None, progress=progress,
+                      workers=workers)
     from llmtool.core.checkpoint import atomic_file
 
     fields = ["method", "budget_frac", "budget", "rep_count", "error_rate", "error_ci_low", "error_ci_high",
