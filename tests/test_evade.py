@@ -319,6 +319,71 @@ def test_calibrate_beta_returns_first_degenerate_beta():
         return [list(range(50)), [7] * 50 if beta <= -5 else list(range(50))]
 
     beta0, curve = calibrate_beta(stub, [50, 50], [-1, -2, -3, -4, -5, -6])
-    assert beta0 == -5 and [c["beta"] for c in curve] == [-1, -2, -3, -4, -5]
-    assert curve[-1]["degenerate_rate"] == 0.5
+    # no degeneration at beta = 0: the baseline rule is the paper's rule (first beta with one degenerate)
+    assert beta0 == -5 and [c["beta"] for c in curve] == [0, -1, -2, -3, -4, -5]
+    assert curve[-1]["degenerate_rate"] == 0.5 and curve[0]["degenerate_rate"] == 0
+    assert calibrate_beta(stub, [50, 50], [-1, -2, -3, -4, -5, -6], baseline=False)[0] == -5
     assert calibrate_beta(lambda b: [list(range(50))], [50], [-1, -2])[0] is None
+
+
+def test_calibrate_beta_against_the_unbiased_degeneration_rate():
+    """A rewriter that degenerates 20 % of the time without any bias and breaks down from beta = -6: the
+    paper's rule fires at the first beta (vacuous), the baseline rule finds the onset."""
+    import zlib
+
+    from llmtool.evade.bira import calibrate_beta
+
+    n = 50
+
+    def stub(beta):
+        out = []
+        for i in range(n):
+            noise = zlib.crc32(f"{i}:{beta}".encode()) % 100 < 20       # 20 % at every beta, beta = 0 included
+            broken = beta <= -6 and i % 5 != 0                           # 80 % from -6 on
+            out.append([3] * 60 if noise or broken else list(range(60)))
+        return out
+
+    grid = [-1.0 * b for b in range(1, 13)]
+    assert calibrate_beta(stub, [60] * n, grid, baseline=False)[0] == -1
+    beta0, curve = calibrate_beta(stub, [60] * n, grid)
+    assert beta0 == -6
+    assert 0.1 <= curve[0]["degenerate_rate"] <= 0.3 and not any(c["significant"] for c in curve[1:-1])
+
+
+def test_beta0_cache_per_rewriter(tmp_path, monkeypatch):
+    import json
+
+    from llmtool.evade import beta_cache
+
+    monkeypatch.setenv("LLMTOOL_HOME", str(tmp_path / "home"))
+    model = tmp_path / "rewriter"
+    model.mkdir()
+    (model / "config.json").write_text('{"model_type": "llama"}')
+    header = json.dumps({"w": {"dtype": "F32", "shape": [1], "data_offsets": [0, 4]}}).encode()
+    (model / "model.safetensors").write_bytes(len(header).to_bytes(8, "little") + header + b"\0\0\0\0")
+    calls = []
+
+    def measure(value):
+        def run():
+            calls.append(value)
+            return value, [{"beta": 0.0, "degenerate_rate": 0.0}]
+        return run
+
+    settings = {"texts": 50, "grid": [-1.0, -2.0], "temperature": 0.7}
+    assert beta_cache.calibrated_beta0(model, settings, measure(-2.0), -4.0)[0] == -2.0
+    beta0, entry = beta_cache.calibrated_beta0(model, settings, measure(-9.0), -4.0)
+    assert beta0 == -2.0 and entry["cached"] and calls == [-2.0]
+    # other decoding settings, or another rewriter in the same directory, are measured again
+    assert beta_cache.calibrated_beta0(model, {**settings, "temperature": 1.0}, measure(-1.0), -4.0)[0] == -1.0
+    (model / "config.json").write_text('{"model_type": "llama", "vocab_size": 7}')
+    assert beta_cache.calibrated_beta0(model, settings, measure(-1.0), -4.0)[0] == -1.0
+    # no beta degenerates: the grid's end; degenerate more often than not at beta = 0: the fallback
+    (model / "config.json").write_text('{"model_type": "mistral"}')
+    assert beta_cache.calibrated_beta0(model, settings, lambda: (None, [{"beta": 0.0, "degenerate_rate": 0.1}]),
+                                       -4.0)[0] == -2.0
+    (model / "config.json").write_text('{"model_type": "qwen2"}')
+    assert beta_cache.calibrated_beta0(model, settings, lambda: (None, [{"beta": 0.0, "degenerate_rate": 0.9}]),
+                                       -4.0)[0] == -4.0
+    beta_cache.cache_path().write_text("{damaged")      # a damaged cache is ignored and rewritten
+    assert beta_cache.calibrated_beta0(model, settings, measure(-3.0), -4.0)[0] == -3.0
+    assert json.loads(beta_cache.cache_path().read_text())

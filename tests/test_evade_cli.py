@@ -132,7 +132,30 @@ def test_calibrate_beta_cli(tiny_llama_dir, tmp_path):
                              "--from", "-2", "--to", "-4")
     assert code == 0, err
     res = json.loads(out)
-    assert [c["beta"] for c in res["curve"]][:1] == [-2.0]
+    assert [c["beta"] for c in res["curve"]][:2] == [0.0, -2.0]      # the unbiased baseline first
     assert res["beta0"] is None or res["beta0"] == res["curve"][-1]["beta"]
     code, _, err = run_cli("evade", "calibrate-beta", data, "--paraphraser", tiny_llama_dir, "--from", "-5", "--to", "-1")
     assert code == 2 and "--to" in err
+
+
+def test_bira_calibrates_beta0_per_rewriter_and_caches_it(tiny_llama_dir, tmp_path, monkeypatch):
+    from llmtool.evade import beta_cache
+
+    monkeypatch.setattr(beta_cache, "GRID", (-1.0, -2.0))      # a short grid keeps the test fast
+    src = _write(tmp_path / "wm.jsonl", [{"id": 0, "watermarked_text": "The capital of France is Paris. It is old."}])
+    res = []
+    for i in range(2):
+        out = tmp_path / f"o{i}.jsonl"
+        code, stdout, err = run_cli("--json", "evade", "attack", src, "-o", out, "--method", "bira",
+                                    "--paraphraser", tiny_llama_dir, "--calib-texts", "3", "--max-iter", "1")
+        assert code == 0, err
+        res.append(json.loads(stdout))
+    first, second = res[0]["beta0"], res[1]["beta0"]
+    assert first["cached"] is False and second["cached"] is True and first["beta0"] == second["beta0"]
+    assert first["texts"] == 3 and first["grid"] == [-1.0, -2.0] and first["beta0"] in (-1.0, -2.0, -4.0)
+    assert _read(tmp_path / "o0.jsonl")[0]["beta_final"] == first["beta0"]
+    # an explicit --beta0 skips the calibration
+    code, stdout, err = run_cli("--json", "evade", "attack", src, "-o", tmp_path / "o2.jsonl", "--method", "bira",
+                                "--paraphraser", tiny_llama_dir, "--beta0", "-2", "--max-iter", "1")
+    assert code == 0, err
+    assert "beta0" not in json.loads(stdout)

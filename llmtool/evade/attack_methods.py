@@ -49,14 +49,16 @@ class BiraAttack(VanillaAttack):
     help: ClassVar[str] = "Biased paraphrase with adaptive bias relaxation (BIRA)."
     attack: ClassVar[str] = "bira"
     aux_model: Optional[str] = option(None, "Surprisal LM for the suppression set (default: the paraphraser).")
-    beta0: float = option(-4.0, "Initial logit bias (<= 0).", max=0.0)
+    beta0: Optional[float] = option(None, "Initial logit bias (<= 0); default: calibrated for this rewriter "
+                                    "(once, then cached; see evade calibrate-beta).", max=0.0)
+    calib_texts: int = option(50, "Austen texts for the beta0 calibration when --beta0 is not given.", min=1)
     beta_step: float = option(1.0, "Relaxation step eta.", min=0.0)
     max_iter: int = option(0, "Attempts (0 = ceil(|beta0|/eta)+1).", min=0)
     percentile: float = option(0.0, "Surprisal percentile q of the suppression set.", min=0.0, max=100.0)
 
     def validate(self) -> None:
         super().validate()
-        if self.beta_step == 0 and self.max_iter != 1:
+        if self.beta_step == 0 and self.max_iter != 1 and self.beta0 is not None:
             raise UsageError("--beta-step 0 never relaxes the bias; give --max-iter 1 or a positive step")
 
 

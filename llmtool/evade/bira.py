@@ -23,9 +23,15 @@ Equations / steps implemented:
    leading-space variant are encoded with the target tokenizer; ids kept in surprisal order, the
    first ``limit`` (300 = OpenAI logit_bias cap).
 
-Reconstructed choices (spec [R]): q = 0, eta = 1.0, max_iter = ceil(|beta0| / eta) + 1, beta0 = -4
-(the paper's value for local Llama rewriters; ``llmtool evade calibrate-beta`` measures it for a
-rewriter), the 30%-length rule, never biasing EOS / end-of-turn.
+6. beta0 calibration per rewriter (:func:`calibrate_beta`): the first beta on -1, -2, ..., -12 at which
+   the rewriter degenerates, measured against its own degeneration on the same texts at beta = 0 (our
+   generalisation of the paper's "first beta with one degenerate output of 50", identical to it when the
+   rewriter does not degenerate unbiased; otherwise a paired-difference test). ``llmtool evade attack --method bira`` calibrates by default and caches the
+   value per rewriter (:mod:`llmtool.evade.beta_cache`); ``--beta0`` overrides.
+
+Reconstructed choices (spec [R]): q = 0, eta = 1.0, max_iter = ceil(|beta0| / eta) + 1, the
+significance rule of step 6, beta0 = -4 where a value must be fixed without calibrating (the paper's
+value for local Llama rewriters), the 30%-length rule, never biasing EOS / end-of-turn.
 """
 from __future__ import annotations
 
@@ -167,15 +173,40 @@ def adaptive_attack(paraphrase: Callable[[list[int], list[float]], list[list[int
 
 
 def calibrate_beta(paraphrase: Callable[[float], list[list[int]]], source_lengths: Sequence[int],
-                   betas: Sequence[float]) -> tuple[float | None, list[dict]]:
-    """beta0 calibration per rewriter: paraphrase the calibration texts at each beta (in the given
-    order, e.g. -1, -2, ..., -12) and return the first beta at which at least one output degenerates
-    (None if none does), with the degeneration rate of every beta tried (stops at the first hit)."""
-    curve = []
+                   betas: Sequence[float], baseline: bool = True) -> tuple[float | None, list[dict]]:
+    """beta0 calibration per rewriter (spec 3.3): paraphrase the calibration texts at each beta (in the
+    given order, e.g. -1, -2, ..., -12) and return the first beta at which the rewriter degenerates.
+
+    The paper's rule is "at least one of the 50 outputs degenerates", which assumes none does at beta = 0.
+    A small rewriter can degenerate without any bias (SmolLM2-135M: 15 % of outputs at beta = 0), which
+    makes that rule fire at the first beta and say nothing. With ``baseline`` (default) the texts are first
+    paraphrased at beta = 0 (same seed); when none degenerates there, the paper's rule applies unchanged;
+    otherwise a beta counts as degenerating when its degenerate share is above the beta = 0 share on the
+    same texts with the lower end of Newcombe's paired 99 % interval of the difference above zero (99 %:
+    up to 12 betas are tested in turn; with 50 texts degenerating 15 % of the time at every beta it fires
+    on 3 % of grids, 15 % at the 95 % level).
+    Returns (beta0 or None when no beta on the grid degenerates, curve); the curve has one row per beta
+    tried (the beta = 0 row first), stopping at the first hit."""
+    from llmtool.core.intervals import paired_difference
+
+    curve: list[dict] = []
+    base = None
+    if baseline:
+        outs = paraphrase(0.0)
+        base = [is_degenerate(y, n) for y, n in zip(outs, source_lengths)]
+        curve.append({"beta": 0.0, "degenerate_rate": sum(base) / max(1, len(base)), "significant": False})
     for beta in betas:
         outs = paraphrase(float(beta))
         flags = [is_degenerate(y, n) for y, n in zip(outs, source_lengths)]
-        curve.append({"beta": float(beta), "degenerate_rate": sum(flags) / max(1, len(flags))})
-        if any(flags):
+        k, n = sum(flags), max(1, len(flags))
+        if base is None or not any(base):
+            hit = k > 0
+        else:
+            only_beta = sum(f and not b for f, b in zip(flags, base))
+            only_zero = sum(b and not f for f, b in zip(flags, base))
+            both = sum(f and b for f, b in zip(flags, base))
+            hit = paired_difference(only_beta, only_zero, both, len(flags), z=2.5758)[1] > 0
+        curve.append({"beta": float(beta), "degenerate_rate": k / n, "significant": hit})
+        if hit:
             return float(beta), curve
     return None, curve

@@ -187,8 +187,6 @@ def attack(
     check_output(output, overwrite, (inputs,))
     rows = read_jsonl(inputs)
     ctx = AttackContext(seed=OPTIONS.seed)
-    if method == "bira":
-        ctx.bira = BiraConfig(config.beta0, config.beta_step, config.max_iter, config.percentile)
     ctx.delete_ratio = getattr(config, "delete_ratio", ctx.delete_ratio)
     ctx.synonym_ratio = getattr(config, "synonym_ratio", ctx.synonym_ratio)
     set_seed()
@@ -207,12 +205,20 @@ def attack(
             ctx.paraphraser = Paraphraser(load_model(config.paraphraser), load_tokenizer(config.paraphraser), dec)
             if getattr(config, "aux_model", None):
                 ctx.aux_model, ctx.aux_tokenizer = load_model(config.aux_model), load_tokenizer(config.aux_model)
+    calibration = None
+    if method == "bira":
+        beta0 = config.beta0
+        if beta0 is None:
+            beta0, calibration = _calibrated_beta0(config, ctx)
+        ctx.bira = BiraConfig(beta0, config.beta_step, config.max_iter, config.percentile)
     info(f"attacking {len(texts)} texts with {method}")
     results = fn(texts, ctx)
     out_rows = [{**row, **res, "attack": method, "prompt_version": PROMPT_VERSION if method in
                  ("bira", "vanilla", "paraphrase") else None} for row, res in zip(rows, results)]
     write_jsonl(output, out_rows)
     summary = {"output": str(output), "method": method, "texts": len(out_rows), "config": config.as_dict()}
+    if calibration is not None:
+        summary["beta0"] = {k: calibration[k] for k in ("beta0", "cached", "note", "texts", "grid")}
     if results and "degenerated" in results[0]:
         summary["degenerate_rate"] = sum(r["degenerated"] for r in results) / len(results)
         summary["mean_attempts"] = sum(r["iterations"] for r in results) / len(results)
@@ -296,6 +302,38 @@ def prompts(
     emit({"output": str(output), "prompts": len(rows), "source": source})
 
 
+def _calibrated_beta0(config, ctx) -> tuple[float, dict]:
+    """beta0 measured for this rewriter on held-out Austen (cached per rewriter; see evade.beta_cache)."""
+    from llmtool.core.preflight import resolve_model
+    from llmtool.evade import beta_cache
+    from llmtool.evade.bira import calibrate_beta, suppression_set
+    from llmtool.evade.prompts import austen_prompts
+
+    para = ctx.paraphraser
+    aux_model, aux_tok = (ctx.aux_model, ctx.aux_tokenizer) if ctx.aux_model is not None else (para.model, para.tokenizer)
+    settings = {"texts": config.calib_texts, "source": beta_cache.CALIB_SOURCE, "grid": list(beta_cache.GRID),
+                "temperature": config.temperature, "top_p": config.top_p, "percentile": config.percentile,
+                "aux_model": config.aux_model, "seed": OPTIONS.seed, "rule": "wilson-vs-beta0"}
+
+    def measure():
+        info(f"calibrating beta0 for {config.paraphraser} on {config.calib_texts} {beta_cache.CALIB_SOURCE} texts "
+             "(once per rewriter; --beta0 skips this)")
+        rows = austen_prompts(config.calib_texts, source=beta_cache.CALIB_SOURCE, seed=OPTIONS.seed)
+        texts = [r["prompt"] + " " + r["human_text"] for r in rows]
+        sets = [suppression_set(aux_model, aux_tok, t, config.percentile) for t in texts]
+        if aux_tok is not para.tokenizer and aux_tok.get_vocab() != para.tokenizer.get_vocab():
+            from llmtool.evade.bira import map_to_tokenizer
+
+            sets = [map_to_tokenizer(s_, aux_tok, para.tokenizer, limit=None) for s_ in sets]
+        lengths = [para.source_length(t) for t in texts]
+        return calibrate_beta(lambda beta: para.rewrite_ids(texts, sets, [beta] * len(texts), seed=OPTIONS.seed),
+                              lengths, beta_cache.GRID)
+
+    beta0, entry = beta_cache.calibrated_beta0(resolve_model(config.paraphraser), settings, measure, fallback=-4.0)
+    info(f"beta0 = {beta0:g} for this rewriter ({'cached' if entry['cached'] else entry['note']})")
+    return beta0, entry
+
+
 @app.command("calibrate-beta")
 def calibrate_beta_cmd(
     data: Annotated[Path, typer.Argument(help="JSONL of (unwatermarked) calibration texts.")],
@@ -306,9 +344,13 @@ def calibrate_beta_cmd(
     stop: Annotated[float, typer.Option("--to", max=0.0, help="Last beta tried.")] = -12.0,
     step: Annotated[float, typer.Option("--step", min=0.01, help="Spacing of the beta grid.")] = 1.0,
     batch_size: BatchSize = 16,
+    baseline: Annotated[bool, typer.Option("--baseline/--no-baseline", help="Measure degeneration at beta = 0 "
+                                           "first and count a beta only when its rate is significantly above it "
+                                           "(--no-baseline: the paper's rule, one degenerate output).")] = True,
 ) -> None:
-    """Find BIRA's beta0 for a rewriter: the first beta (from --from down to --to) at which at least
-    one of the N paraphrases degenerates."""
+    """Find BIRA's beta0 for a rewriter: the first beta (from --from down to --to) at which the N
+    paraphrases degenerate significantly more often than at beta = 0 (with --no-baseline: at which at
+    least one degenerates)."""
     preflight(paraphraser, None, inputs=(data,))
     from llmtool.core.data import read_jsonl
     from llmtool.core.models import load_model, load_tokenizer, set_seed
@@ -329,6 +371,6 @@ def calibrate_beta_cmd(
         grid.append(round(b, 6))
         b -= step
     beta0, curve = calibrate_beta(lambda beta: para.rewrite_ids(texts, sets, [beta] * len(texts), seed=OPTIONS.seed),
-                                  lengths, grid)
+                                  lengths, grid, baseline=baseline)
     emit({"paraphraser": paraphraser, "texts": len(texts), "beta0": beta0, "curve": curve}, rows=curve,
          title=f"beta0 = {beta0}")
