@@ -98,5 +98,87 @@ def test_marked_outputs_still_pass_the_other_tools_checks(tiny96, tmp_path):
     _make("lowrank", tiny96, out)
     code, _, err = run_cli("quantize", "--method", "rtn", str(out), str(tmp_path / "q"), "--no-eval")
     assert code == 2 and "low-rank" in err
-    code, stdout, err = run_cli("--json", "evaluate", "ppl", str(out), "--max-tokens", "64", "--seqlen", "32")
+    code, _, err = run_cli("--json", "evaluate", "ppl", str(out), "--max-tokens", "64", "--seqlen", "32")
     assert code == 0, err
+
+
+QUANT = ["--no-eval", "--calib-samples", "4", "--calib-seqlen", "16"]
+
+
+@pytest.mark.parametrize("argv", [
+    ["compress", "--method", "svd", "{src}", "{out}", "--ratio", "0.3"],
+    ["quantize", "--method", "rtn", "{src}", "{out}", "--w-bits", "4", "--a-bits", "16", *QUANT],
+    ["quantize", "--method", "quarot", "{src}", "{out}", "--w-bits", "4", "--a-bits", "16", *QUANT],
+], ids=["compress-svd", "quantize-rtn", "quantize-quarot"])
+def test_export_dense_option_writes_a_plain_checkpoint(tiny96, tmp_path, argv):
+    """`--export dense` on compress/quantize: OUT loads with plain transformers and gives llmtool.load's
+    logits of the native output of the same run (1e-5); OUT keeps the run's provenance, nothing else is left."""
+    import llmtool
+
+    native, dense = tmp_path / "native", tmp_path / "dense"
+    for out, extra in ((native, []), (dense, ["--export", "dense"])):
+        code, stdout, err = run_cli("--json", *[a.format(src=tiny96, out=out) for a in argv], *extra)
+        assert code == 0, err
+    assert json.loads(stdout)["export"]["format"] == "dense"
+    assert "llmtool" not in (dense / "config.json").read_text().replace("llmtool.json", "")
+    plain = _plain(dense)
+    assert type(plain).__name__ == "LlamaForCausalLM"
+    torch.testing.assert_close(_logits(plain), _logits(llmtool.load(native)), rtol=0, atol=1e-5)
+    prov = json.loads((dense / "llmtool.json").read_text())
+    assert prov["command"] == argv[0] and prov["export"]["source_format"] == f"llmtool_{'lowrank' if argv[0] == 'compress' else 'quant'}"
+    assert sorted(p.name for p in tmp_path.iterdir() if p.name not in ("native", "dense", "llmtool-home")) == []
+    assert not any(p.name.startswith(".") for p in dense.iterdir())
+
+
+def test_export_dense_option_refusals_and_atomicity(tiny96, tmp_path, monkeypatch):
+    """ReSpinQuant's transitions have no plain form: refused before the run (exit 2, one line). An export
+    that fails after the run leaves neither OUT nor a temporary directory."""
+    from llmtool.core import export
+    from llmtool.core.console import UsageError
+
+    out = tmp_path / "rsq"
+    code, _, err = run_cli("quantize", "--method", "respinquant", str(tiny96), str(out), "--w-bits", "4",
+                           "--a-bits", "16", *QUANT, "--export", "dense")
+    assert code == 2 and len(err.strip().splitlines()) == 1 and "transitions" in err, err
+
+    def broken(*a, **k):
+        raise UsageError("export failed")
+
+    monkeypatch.setattr(export, "export_checkpoint", broken)
+    code, _, err = run_cli("quantize", "--method", "rtn", str(tiny96), str(out), "--w-bits", "4", "--a-bits", "16",
+                           *QUANT, "--export", "dense")
+    assert code == 2 and "export failed" in err
+    assert sorted(p.name for p in tmp_path.iterdir() if p.name != "llmtool-home") == []
+
+
+def test_export_option_choices(tiny96, tmp_path):
+    code, _, err = run_cli("compress", "--method", "svd", str(tiny96), str(tmp_path / "c"), "--ratio", "0.3",
+                           "--export", "compressed-tensors")
+    assert code == 2 and "choose one of native, dense" in err
+    assert not (tmp_path / "c").exists()
+
+
+@pytest.mark.parametrize("argv", [
+    ["compress", "--method", "svd", "{src}", "{out}", "--ratio", "0.3", "--export", "dense"],
+    ["quantize", "--method", "rtn", "{src}", "{out}", "--w-bits", "4", "--a-bits", "16", *QUANT,
+     "--export", "compressed-tensors"],
+], ids=["compress-dense", "quantize-ct"])
+def test_interrupted_export_run_leaves_nothing(tiny96, tmp_path, monkeypatch, capsys, argv):
+    """Ctrl-C while the method runs inside the export's temporary directory: exit 130, one line, no OUT and
+    no temporary directory (the run's scratch output lives inside the export's)."""
+    import sys
+
+    from llmtool.cli import main
+    from llmtool.core import models
+
+    def interrupted(*a, **k):
+        assert list(tmp_path.glob(".out.tmp-*/*native.tmp-*")), "the interrupt should arrive mid-run"
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(models, "load_model", interrupted)
+    monkeypatch.setattr(sys, "argv", ["llmtool", *[a.format(src=tiny96, out=tmp_path / "out") for a in argv]])
+    with pytest.raises(SystemExit) as e:
+        main()
+    err = capsys.readouterr().err
+    assert e.value.code == 130 and err.strip() == "error: interrupted", err
+    assert sorted(p.name for p in tmp_path.iterdir() if p.name != "llmtool-home") == []

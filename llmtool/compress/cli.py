@@ -9,7 +9,14 @@ import typer
 
 from llmtool.compress.methods import METHODS
 from llmtool.core.console import OPTIONS, emit
-from llmtool.core.options import CalibData, CalibSamples, CalibSeqlen, ModelArg, OutDirArg, Overwrite
+from llmtool.core.options import (
+    CalibData,
+    CalibSamples,
+    CalibSeqlen,
+    ModelArg,
+    OutDirArg,
+    Overwrite,
+)
 from llmtool.core.registry import MethodConfig, method_options
 
 # options may follow MODEL OUT (`llmtool compress MODEL OUT --ratio 0.4`): the callback is the command
@@ -28,21 +35,30 @@ def compress(
     calib_seqlen: CalibSeqlen = 512,
     batch_size: Annotated[int, typer.Option("--batch-size", min=1, help="Calibration sequences per forward.")] = 4,
     overwrite: Overwrite = False,
+    export: Annotated[str, typer.Option(
+        "--export", help="Format of OUT: native (llmtool_lowrank factors, read by llmtool.load) or dense (a plain "
+        "transformers checkpoint of the reconstructed weights B·A).")] = "native",
 ) -> None:
     """Low-rank compression of every q/k/v/o/gate/up/down projection of MODEL into OUT."""
     from llmtool.compress.run import check_config
     from llmtool.compress.run import compress as run
+    from llmtool.core.export import check_format, run_then_export
     from llmtool.core.preflight import preflight
 
+    check_format(export, "--export", ("native", "dense"))
     preflight(model, out, overwrite=overwrite, check_config=check_config)  # fail fast, before torch is imported
 
     cfg = dataclasses.replace(config, ratio=ratio, calib_data=calib_data, calib_samples=calib_samples,
                               calib_seqlen=calib_seqlen, batch_size=batch_size, seed=OPTIONS.seed)
     cfg.validate()
-    report = run(model, out, cfg, overwrite=overwrite)
+    report, exported = run_then_export(out, overwrite, export, lambda dst, replace: run(model, dst, cfg,
+                                                                                       overwrite=replace))
     summary = {"out": str(out), "method": cfg.name, "ratio": ratio, "achieved_ratio": report["achieved_ratio"],
                "factorised_modules": len(report["ranks"]), "dense_modules": len(report["dense"]),
                "params_before": report["params_before"], "params_after": report["params_after"],
                "disk_bytes": report["disk_bytes"], "seconds": report["seconds"]["total"],
                "peak_rss_mb": report["peak_rss_mb"]}
+    if exported is not None:  # disk_bytes above: the low-rank checkpoint the export was made from
+        summary.update(export=export, export_bytes=exported["bytes"])
+        report = {**report, "export": exported}
     emit(report if OPTIONS.json else summary, title="llmtool compress")

@@ -9,28 +9,51 @@ config, so a module with no plain equivalent (ReSpinQuant's residual transitions
 rather than dropped. Lossy parts of the stand-ins (activation quantization, KV-cache quantization) are
 returned so the caller can report them; weights are exact (``B·A``, or ``scale·(code − zero)`` times the
 folded online Hadamard).
+
+Formats (:data:`EXPORT_FORMATS`): ``dense`` (above) and ``compressed-tensors``
+(:mod:`llmtool.core.export_ct`: the quantized weights kept packed, for transformers and vLLM).
+:func:`export_checkpoint` writes either from an llmtool output directory; ``llmtool models export`` calls it,
+and ``--export FORMAT`` of ``quantize``/``compress`` (:func:`run_then_export`) runs the method into a
+scratch directory inside the atomic output and calls it on that, so both write the same files.
+
+This module imports no torch at import time (the CLI reads :data:`EXPORT_FORMATS` to build ``--help``).
 """
 from __future__ import annotations
 
+import json
+import shutil
+from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import torch
-from torch import nn
-
-from llmtool.core.arch import set_module
 from llmtool.core.console import UsageError
+
+if TYPE_CHECKING:
+    import torch
+    from torch import nn
+
+EXPORT_FORMATS = ("dense", "compressed-tensors")
+
+
+def check_format(fmt: str, flag: str, choices: tuple[str, ...]) -> None:
+    if fmt not in choices:
+        raise UsageError(f"{flag} {fmt!r}: choose one of {', '.join(choices)}")
 
 
 def densify(model: nn.Module) -> list[str]:
     """Replace stand-in modules by dense Linears in place; return what the dense model no longer does."""
+    import torch
     from transformers import AutoModelForCausalLM
 
+    from llmtool.core.arch import set_module
+    from llmtool.core.console import progress
+
     dropped: set[str] = set()
-    for name, mod in list(model.named_modules()):
-        if hasattr(mod, "to_dense_linear"):
-            dense = mod.to_dense_linear()
-            dropped.update(getattr(mod, "dense_export_drops", lambda: [])())
-            set_module(model, name, dense)
+    stand_ins = [(name, mod) for name, mod in model.named_modules() if hasattr(mod, "to_dense_linear")]
+    for name, mod in progress(stand_ins, "dense weights"):
+        dense = mod.to_dense_linear()
+        dropped.update(getattr(mod, "dense_export_drops", list)())
+        set_module(model, name, dense)
     for name, mod in model.named_modules():
         if getattr(mod, "kv_bits", 16) < 16:  # the attention-module attribute of a quantized KV cache
             dropped.add("KV-cache quantization (and the head-dim Hadamard on Q and K, which cancels in QK^T)")
@@ -71,3 +94,67 @@ def save_dense(model: nn.Module, out_dir: Path, dtype: torch.dtype | None = None
             model.generation_config.save_pretrained(str(out_dir))
         except ValueError:
             pass
+
+
+def _files(out_dir: Path) -> list[dict]:
+    return [{"name": f.name, "bytes": f.stat().st_size} for f in sorted(Path(out_dir).iterdir()) if f.is_file()]
+
+
+def source_format(config: dict) -> str:
+    return next((k for k in ("llmtool_lowrank", "llmtool_quant") if k in config), "transformers")
+
+
+def export_checkpoint(src: Path, out_dir: Path, fmt: str, dtype: str | None = None,
+                      alternative: str = "--format dense") -> dict:
+    """Write the ``fmt`` export of the checkpoint directory ``src`` into the (empty) directory ``out_dir``.
+    Returns ``{"format", "source_format", "not_representable", "files": [{name, bytes}], "bytes", ...}``."""
+    from llmtool.core.checkpoint import copy_tokenizer, dir_size_bytes, read_config
+    from llmtool.core.console import OPTIONS
+
+    check_format(fmt, "--format", EXPORT_FORMATS)
+    src, out_dir = Path(src), Path(out_dir)
+    config = read_config(src)
+    report: dict = {"format": fmt, "source_format": source_format(config)}
+    dtype_name = dtype or OPTIONS.dtype
+    if fmt == "dense":
+        from llmtool.core.models import load_model, parse_dtype
+
+        model = load_model(src)
+        report["not_representable"] = densify(model)
+        save_dense(model, out_dir, parse_dtype(dtype_name))
+        copy_tokenizer(src, out_dir)
+    else:
+        from llmtool.core.export_ct import save_compressed_tensors
+
+        report.update(save_compressed_tensors(src, out_dir, dtype_name, alternative))
+        report["not_representable"] = []
+    report["files"] = _files(out_dir)
+    report["bytes"] = dir_size_bytes(out_dir)
+    return report
+
+
+def run_then_export(out: Path, overwrite: bool, fmt: str, run: Callable[[Path, bool], dict],
+                    alternative: str = "--export dense") -> tuple[dict, dict | None]:
+    """``run(OUT, overwrite)`` writes an llmtool output (``quantize``, ``compress``). With ``fmt`` ``native``
+    it writes OUT itself; otherwise it writes a scratch directory inside the atomic output of OUT, which then
+    receives the ``fmt`` export of it (:func:`export_checkpoint`), the run's ``report.json`` and
+    ``llmtool.json`` (with an ``export`` entry) and nothing else. Returns ``(run result, export report)``."""
+    if fmt == "native":
+        return run(Path(out), overwrite), None
+    from llmtool.core.checkpoint import PROVENANCE, atomic_output
+
+    with atomic_output(Path(out), overwrite=overwrite) as tmp:
+        native = tmp / ".native"
+        result = run(native, False)
+        exp = export_checkpoint(native, tmp, fmt, alternative=alternative)
+        summary = {k: exp[k] for k in ("format", "source_format", "not_representable", "bytes")}
+        for name in ("report.json", PROVENANCE):
+            if (native / name).is_file():
+                record = json.loads((native / name).read_text())
+                record["export"] = summary
+                (tmp / name).write_text(json.dumps(record, indent=2, default=str))
+        shutil.rmtree(native)
+        exp["files"] = _files(tmp)
+    if isinstance(result, dict) and "out" in result:
+        result = {**result, "out": str(out)}
+    return result, exp

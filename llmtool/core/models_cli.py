@@ -7,7 +7,7 @@ from typing import Annotated
 import typer
 
 from llmtool.core import defaults
-from llmtool.core.console import emit
+from llmtool.core.console import UsageError, emit
 
 app = typer.Typer(no_args_is_help=True)
 
@@ -38,30 +38,37 @@ def export(
     model: Annotated[str, typer.Argument(help="An llmtool output (compress, quantize) or any model directory.")],
     out: Annotated[Path, typer.Argument(help="Output directory (must not exist unless --overwrite).")],
     fmt: Annotated[str, typer.Option("--format", help="dense: a plain transformers checkpoint of the "
-                                     "reconstructed weights (low-rank B·A, dequantized integers).")] = "dense",
+                                     "reconstructed weights (low-rank B·A, dequantized integers); "
+                                     "compressed-tensors: a quantize output with its integer weights kept packed, "
+                                     "for transformers (with compressed-tensors installed) and vLLM "
+                                     "(weight-only W3/W4/W8 or W8A8, no rotation).")] = "dense",
     overwrite: Annotated[bool, typer.Option("--overwrite", help="Replace OUT if it exists.")] = False,
 ) -> None:
     """Export an llmtool checkpoint to a format other tools load (plain transformers, vLLM, ...)."""
-    from llmtool.core.console import UsageError
+    from llmtool.core.export import EXPORT_FORMATS, check_format
     from llmtool.core.preflight import preflight
 
-    if fmt != "dense":
-        raise UsageError(f"--format {fmt!r}: choose dense")
-    preflight(model, out, overwrite=overwrite)  # fail fast, before torch is imported
-    from llmtool.core.checkpoint import copy_tokenizer, read_config
-    from llmtool.core.console import OPTIONS, info
-    from llmtool.core.export import densify, save_dense
-    from llmtool.core.job import job
-    from llmtool.core.models import parse_dtype
+    check_format(fmt, "--format", EXPORT_FORMATS)
+    check = None
+    if fmt == "compressed-tensors":
+        from llmtool.core.export_ct import check_block
 
-    with job("models export", out, overwrite=overwrite, model=model) as j:
-        source_format = next((k for k in ("llmtool_lowrank", "llmtool_quant") if k in read_config(j.model_path)),
-                             "transformers")
-        m = j.model
-        dropped = densify(m)
-        save_dense(m, j.dir, parse_dtype(OPTIONS.dtype))
-        copy_tokenizer(j.model_path, j.dir)
-        j.report.update({"format": fmt, "source_format": source_format, "not_representable": dropped})
-    for d in dropped:
+        def check(src, config):
+            if "llmtool_quant" not in config:
+                raise UsageError(f"{src}: compressed-tensors export needs a quantized checkpoint of `llmtool "
+                                 "quantize` (config.json has no llmtool_quant block); use --format dense")
+            check_block(config["llmtool_quant"], str(src))
+    preflight(model, out, overwrite=overwrite, check_config=check)  # fail fast, before torch is imported
+    from llmtool.core.console import info
+    from llmtool.core.export import export_checkpoint
+    from llmtool.core.job import job
+
+    with job("models export", out, overwrite=overwrite, model=model, check_config=check) as j:
+        rep = export_checkpoint(j.model_path, j.dir, fmt)
+        j.report.update({k: v for k, v in rep.items() if k != "files"})
+    for d in rep["not_representable"]:
         info(f"note: not representable in plain transformers, left out of the export: {d}")
-    emit({"out": str(out), "format": fmt, "source_format": source_format, "not_representable": dropped})
+    files = [{"name": f.name, "bytes": f.stat().st_size} for f in sorted(Path(out).iterdir()) if f.is_file()]
+    result = {"out": str(out), **{k: v for k, v in rep.items() if k not in ("files", "bytes")},
+              "files": files, "bytes": sum(f["bytes"] for f in files)}
+    emit(result, title="models export")
