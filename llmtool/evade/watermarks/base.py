@@ -13,12 +13,12 @@ so the same key gives the same lists on any machine, with or without CUDA.
 from __future__ import annotations
 
 import abc
-
 import dataclasses
 import json
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -39,8 +39,9 @@ class Detection:
 def permutation(seed: int, size: int, markllm_compat: bool = False) -> np.ndarray:
     """A permutation of ``range(size)`` fixed by ``seed``.
 
-    Default: numpy PCG64 (device independent, fast). ``markllm_compat``: torch's CPU generator
-    ``randperm`` (the generator MarkLLM seeds), so green lists match MarkLLM's."""
+    Default: numpy PCG64 (device independent, fast). ``markllm_compat``: ``torch.randperm`` from
+    torch's CPU generator seeded with ``seed``, as MarkLLM's KGW and DiPmark draw it on the CPU (a
+    CUDA generator gives other permutations, so MarkLLM run on a GPU is not reproduced)."""
     if markllm_compat:
         import torch
 
@@ -50,12 +51,15 @@ def permutation(seed: int, size: int, markllm_compat: bool = False) -> np.ndarra
 
 
 def uniform_vector(seed: int, size: int, markllm_compat: bool = False) -> np.ndarray:
-    """``size`` i.i.d. U(0,1) draws fixed by ``seed`` (float64)."""
+    """``size`` i.i.d. U(0,1) draws fixed by ``seed``.
+
+    Default: numpy PCG64, float64. ``markllm_compat``: float32 ``torch.rand`` from torch's CPU
+    generator seeded with ``seed`` (bit for bit the vector MarkLLM's EXP draws on the CPU)."""
     if markllm_compat:
         import torch
 
         g = torch.Generator(device="cpu").manual_seed(int(seed))
-        return torch.rand(size, generator=g, dtype=torch.float64).numpy()
+        return torch.rand(size, generator=g, dtype=torch.float32).numpy()
     return np.random.Generator(np.random.PCG64(int(seed))).random(size)
 
 

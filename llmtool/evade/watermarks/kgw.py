@@ -13,14 +13,16 @@ Equations implemented:
   watermarked iff ``z > z_threshold``.
 
 Reconstructed choices: permutations come from numpy PCG64 on the CPU (device independent);
-``markllm_compat`` switches to torch's CPU ``randperm`` so lists follow MarkLLM's generator.
+``markllm_compat`` switches to torch's CPU ``randperm``, which gives MarkLLM's green lists exactly
+(checked against recorded values in tests/test_evade_markllm_compat.py) as long as MarkLLM runs on
+the CPU (it seeds a generator on its device, and CUDA generators give other permutations).
 """
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import lru_cache
-from typing import Sequence
 
 import numpy as np
 
@@ -52,7 +54,7 @@ class KGW(Scheme):
     def __init__(self, vocab_size: int, config: KGWConfig | None = None):
         super().__init__(vocab_size, config)
         c = self.config
-        self.n_green = int(math.floor(c.gamma * self.vocab_size))
+        self.n_green = math.floor(c.gamma * self.vocab_size)
         self.fixed_perm = permutation(c.key, self.vocab_size, c.markllm_compat)
         self._green = lru_cache(maxsize=512)(self._green_uncached)
 

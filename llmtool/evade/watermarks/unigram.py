@@ -3,23 +3,29 @@ one fixed green list for every position, MarkLLM defaults (gamma 0.5, delta 2.0,
 z threshold 4.0).
 
 Equations implemented:
-- the mask holds ``floor(gamma V)`` ones shuffled by an RNG whose seed is the first 4 bytes
-  (little-endian) of SHA-256 of the key, read as an integer; green ids = the first
-  ``floor(gamma V)`` entries of ``perm_V(seed)`` (the same set as shuffling the 0/1 mask);
+- one green list ``G`` of ``floor(gamma V)`` ids drawn from an RNG seeded with the first 4 bytes
+  (little-endian) of SHA-256 of the key;
 - generation: ``logits[G] += delta`` at every step;
 - detection: over *all* continuation tokens (no prefix skipped) ``z = (c_g - gamma n) /
   sqrt(n gamma (1 - gamma))``; with ``unique`` each distinct token is scored once (the original
   paper's robust variant; MarkLLM does not do this).
 
-Reconstructed choices: the key is hashed as its decimal string (``str(key).encode()``); the
-shuffle uses numpy PCG64 (``markllm_compat``: torch CPU randperm).
+Default (llmtool's own lists): the key is hashed as its decimal string (``str(key).encode()``) and
+``G`` = the first ``floor(gamma V)`` entries of a numpy PCG64 permutation of the vocabulary.
+
+``markllm_compat`` reproduces MarkLLM's ``UnigramUtils`` exactly (checked against recorded values in
+tests/test_evade_markllm_compat.py): the key is hashed as 8 little-endian bytes (a numpy int64), and
+a 0/1 mask holding ``floor(gamma V)`` ones followed by zeros is shuffled in place by
+``numpy.random.default_rng(seed)``; ``G`` = the positions of the ones. (Shuffling the mask is not
+the same as taking a permutation's first entries: it yields the *inverse* permutation's first
+entries, a different set.) Biasing and the z-score are the same in both modes.
 """
 from __future__ import annotations
 
 import hashlib
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
 import numpy as np
 
@@ -50,12 +56,20 @@ class Unigram(Scheme):
     def __init__(self, vocab_size: int, config: UnigramConfig | None = None):
         super().__init__(vocab_size, config)
         c = self.config
-        digest = hashlib.sha256(str(c.key).encode()).digest()
-        self.mask_seed = int.from_bytes(digest[:4], "little")
-        n_green = int(math.floor(c.gamma * self.vocab_size))
-        self.green_ids = np.sort(permutation(self.mask_seed, self.vocab_size, c.markllm_compat)[:n_green])
-        self.mask = np.zeros(self.vocab_size, dtype=bool)
-        self.mask[self.green_ids] = True
+        n_green = math.floor(c.gamma * self.vocab_size)
+        if c.markllm_compat:
+            digest = hashlib.sha256(int(c.key).to_bytes(8, "little", signed=True)).digest()
+            self.mask_seed = int.from_bytes(digest[:4], "little")
+            self.mask = np.zeros(self.vocab_size, dtype=bool)
+            self.mask[:n_green] = True
+            np.random.default_rng(self.mask_seed).shuffle(self.mask)
+            self.green_ids = np.flatnonzero(self.mask)
+        else:
+            digest = hashlib.sha256(str(c.key).encode()).digest()
+            self.mask_seed = int.from_bytes(digest[:4], "little")
+            self.green_ids = np.sort(permutation(self.mask_seed, self.vocab_size)[:n_green])
+            self.mask = np.zeros(self.vocab_size, dtype=bool)
+            self.mask[self.green_ids] = True
 
     def processor(self):
         return UnigramBias(self)
