@@ -29,7 +29,8 @@ class FisherWeightedSVD:
     rule = None
 
     def decompose(self, spec: ModuleSpec, weight: torch.Tensor, stats, grad, eps: float, kmax: int) -> Spectrum:
-        importance = grad.double().sum(1)  # grad holds mean_s g_s**2 (grad_squares)
+        # grad holds mean_s g_s**2 (grad_squares); the profile keeps gradients on the CPU to save device memory
+        importance = grad.to(device=weight.device, dtype=torch.float64).sum(1)
         d = importance.clamp_min(1e-12 * float(importance.max().clamp_min(1e-300))).sqrt()
         u, sigma, vh = torch.linalg.svd(d[:, None] * weight.double(), full_matrices=False)
         a, b = split_factors(u, sigma, vh, kmax)

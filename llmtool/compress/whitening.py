@@ -38,8 +38,9 @@ class Whitener:
         return torch.linalg.solve(self.L, rows, left=False)
 
     def whiten_gradient(self, grad: torch.Tensor) -> torch.Tensor:
-        """``H = G L^{-T}``: the loss gradient w.r.t. ``A`` when ``W = A L^{-1}``."""
-        grad = grad.to(self.L.dtype)
+        """``H = G L^{-T}``: the loss gradient w.r.t. ``A`` when ``W = A L^{-1}`` (on ``L``'s device: the
+        gradient profile keeps gradients on the CPU)."""
+        grad = grad.to(device=self.L.device, dtype=self.L.dtype)
         if self.triangular:
             return torch.linalg.solve_triangular(self.L.T, grad, upper=True, left=False)
         return torch.linalg.solve(self.L.T, grad, left=False)

@@ -153,7 +153,8 @@ def select_components(specs: list[ModuleSpec], sigmas: list[torch.Tensor],
 
 def pull_subspace_correction(grads: list[torch.Tensor], residual: torch.Tensor, ridge: float = 1e-6) -> torch.Tensor:
     """``dW' = sum_i alpha_i g_i`` with ``alpha = (G G^T + ridge I)^{-1} G vec(residual)``."""
-    g = torch.stack([x.reshape(-1).double() for x in grads])          # [N, m*n]
+    # [N, m*n] on the residual's device (the gradient profile keeps gradients on the CPU)
+    g = torch.stack([x.reshape(-1).to(device=residual.device, dtype=torch.float64) for x in grads])
     rhs = g @ residual.reshape(-1).double()
     alpha = torch.linalg.solve(g @ g.T + ridge * torch.eye(len(grads), dtype=g.dtype, device=g.device), rhs)
     return (alpha @ g).reshape(residual.shape)
