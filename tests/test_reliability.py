@@ -165,6 +165,10 @@ MODEL_COMMANDS: dict[str, list[str]] = {
                         "--max-rounds", "1", "--max-new-tokens", "4"],
     "bench-agent uh-run": ["bench-agent", "uh-run", "hf:{model}", "{out}", "--env", "seq", "--steps", "2",
                            "--runs", "1"],
+    "evaluate judge-sample": ["evaluate", "judge-sample", "--judge", "hf:{model}", "--pairs", "{pairs}", "--n", "2",
+                              "--max-new-tokens", "2", "-o", "{out}"],
+    "evaluate judge-self-agg": ["evaluate", "judge-self-agg", "--judge", "hf:{model}", "--pairs", "{pairs}",
+                                "--votes", "{votes}", "--max-new-tokens", "2", "-o", "{out}"],
 }
 
 
@@ -177,6 +181,8 @@ def area_data(tmp_path_factory) -> dict[str, Path]:
         "rl": [{"prompt": "2+2=", "answer": "4"}] * 4,
         "route": [{"id": f"m{i}", "domain": "math", "prompt": "2+2=", "response": "4", "answer": "4"} for i in range(4)],
         "pool": [{"id": f"p{i}", "prompt": "What is 2+2?"} for i in range(4)],
+        "pairs": [{"id": "j0", "prompt": "2+2=", "response_a": "4", "response_b": "5"}],
+        "votes": [{"id": "j0", "sample": 0, "order": "AB", "raw": "Final rating: A", "rating": 1}],
     }
     out = {}
     for name, rs in rows.items():
@@ -430,6 +436,8 @@ FAST_FAIL: dict[str, list[str]] = {
     "evaluate sysr": ["--responses", "{m}.csv"],
     "evaluate build-matrix": ["--responses", "{m}.jsonl", "-o", "{o}.csv"],
     "evaluate judge": ["--votes", "{m}.jsonl", "-o", "{o}"],
+    "evaluate judge-sample": ["--judge", "{m}", "--pairs", "{m}.jsonl", "-o", "{o}.jsonl"],
+    "evaluate judge-self-agg": ["--judge", "{m}", "--pairs", "{m}.jsonl", "--votes", "{m}2.jsonl", "-o", "{o}.jsonl"],
     "evaluate autograder fit": ["--data", "{m}.csv", "-o", "{o}"],
     "evaluate autograder compare": ["{m}", "{m}2"],
     "evade watermark": ["{m}", "{m}.jsonl", "-o", "{o}.jsonl"],

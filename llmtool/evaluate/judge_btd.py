@@ -34,7 +34,12 @@ ratings of calibration items labelled A / B (+-1 on the 3-way scale).
 Baselines on the same counts: majority (plurality; ties among the top classes -> tie), soft-sc (mean rating,
 |mean| < 0.5 -> tie on the 3-way scale, nearest scale point otherwise), soft-sc-cal (tie threshold tuned on the
 calibration split, grid 0..1 step 0.01, minimising MAE), single (first valid sample). Instruction-based
-self-aggregation needs a judge model and is not part of this module.
+self-aggregation needs a judge model (llmtool.evaluate.judge_sample); its one rating per item enters here as the
+``self-agg`` method row (a null rating counts as a tie and a failure).
+
+Per task: the judge model, the human calibration and the soft-sc-cal threshold are fitted separately for each
+``task`` of the votes (tie propensity is task-specific); the random calibration split is stratified by task;
+metrics are reported overall and per task. ``per_task=False`` pools all tasks into one fit.
 
 Metrics: MAE of the point score (median label value) against the human consensus rating, and
 tie-calibrated pairwise accuracy within groups (Deutsch, Foster & Freitag 2023): a pair is correct when
@@ -44,8 +49,8 @@ calibration split.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
-from typing import Sequence
 
 import numpy as np
 from scipy.optimize import minimize
@@ -70,6 +75,7 @@ class Counts:
     rating_sum: np.ndarray            # sum of numeric (canonical) ratings, for soft-sc on Likert scales
     first: np.ndarray                 # first valid rating, for the `single` baseline
     tasks: list[str] = field(default_factory=list)
+    groups: list[str | None] = field(default_factory=list)   # the votes' `group` field (None where absent)
 
     @property
     def n(self) -> np.ndarray:
@@ -85,10 +91,11 @@ class Counts:
     def margin(self) -> np.ndarray:
         return (self.a - self.b) / self.n
 
-    def subset(self, idx: np.ndarray) -> "Counts":
+    def subset(self, idx: np.ndarray) -> Counts:
         idx = np.asarray(idx)
         return Counts([self.ids[i] for i in idx], self.a[idx], self.t[idx], self.b[idx], self.rating_sum[idx],
-                      self.first[idx], [self.tasks[i] for i in idx] if self.tasks else [])
+                      self.first[idx], [self.tasks[i] for i in idx] if self.tasks else [],
+                      [self.groups[i] for i in idx] if self.groups else [])
 
 
 def counts_from_votes(rows: Sequence[dict], frame: str = "canonical", source: str = "votes") -> Counts:
@@ -99,6 +106,7 @@ def counts_from_votes(rows: Sequence[dict], frame: str = "canonical", source: st
         raise UsageError(f"--frame must be canonical or presented, got {frame!r}")
     per: dict[str, list[float]] = {}
     task_of: dict[str, str] = {}
+    group_of: dict[str, str | None] = {}
     seen: set[tuple[str, str]] = set()
     for line, r in enumerate(rows, 1):
         where = f"{source}:{line}"
@@ -112,6 +120,8 @@ def counts_from_votes(rows: Sequence[dict], frame: str = "canonical", source: st
             seen.add(key)
         per.setdefault(iid, [])
         task_of.setdefault(iid, str(r.get("task", "default")))
+        if iid not in group_of or group_of[iid] is None:
+            group_of[iid] = None if r.get("group") is None else str(r["group"])
         x = r["rating"]
         if x is None:
             continue
@@ -136,7 +146,7 @@ def counts_from_votes(rows: Sequence[dict], frame: str = "canonical", source: st
     b = np.array([sum(v < 0 for v in per[i]) for i in ids], dtype=float)
     s = np.array([sum(per[i]) for i in ids], dtype=float)
     first = np.array([per[i][0] for i in ids], dtype=float)
-    return Counts(ids, a, t, b, s, first, [task_of[i] for i in ids])
+    return Counts(ids, a, t, b, s, first, [task_of[i] for i in ids], [group_of[i] for i in ids])
 
 
 def counts_from_arrays(a, t, b, ids: Sequence[str] | None = None) -> Counts:
@@ -321,7 +331,7 @@ def fit_calibration(theta: np.ndarray, dlognu: np.ndarray, human_class: np.ndarr
     v_a = float(human_rating[ya].mean()) if ya.any() else 1.0
     v_b = float(human_rating[yb].mean()) if yb.any() else -1.0
     return Calibration(float(res.x[0]), float(res.x[1]), float(res.x[2]) if use_gamma else 0.0, v_a, v_b,
-                       int(len(theta)), float(-res.fun), True)
+                       len(theta), float(-res.fun), True)
 
 
 # ------------------------------------------------------------------ aggregation methods
@@ -405,7 +415,9 @@ def pairwise_accuracy(score: np.ndarray, human: np.ndarray, groups: Sequence[str
 def tune_eps(score: np.ndarray, human: np.ndarray, groups: Sequence[str], grid_size: int = 101) -> float:
     grid = np.quantile(np.abs(score - score.mean()), np.linspace(0, 1, grid_size)) / 2
     grid = np.unique(np.concatenate([[0.0], grid]))
-    accs = [pairwise_accuracy(score, human, groups, e) for e in grid]
+    accs = np.array([pairwise_accuracy(score, human, groups, e) for e in grid])
+    if np.all(np.isnan(accs)):   # no group with two calibration items: nothing to tune on
+        return 0.0
     return float(grid[int(np.nanargmax(accs))])
 
 
@@ -446,7 +458,7 @@ def synthetic_counts(n_items: int, tau: float = 1.5, log_nu0: float = 0.0, omega
 def synthetic_human(theta: np.ndarray, nu_h: float = 2.0, seed: int = 1) -> np.ndarray:
     """One human label per item from the Davidson model (+1 A, 0 tie, -1 B)."""
     rng = np.random.default_rng(seed)
-    pa, pt, pb = davidson_probs(theta, nu_h)
+    pa, pt, _pb = davidson_probs(theta, nu_h)
     u = rng.random(len(theta))
     return np.where(u < pa, 1, np.where(u < pa + pt, 0, -1)).astype(float)
 
@@ -454,75 +466,188 @@ def synthetic_human(theta: np.ndarray, nu_h: float = 2.0, seed: int = 1) -> np.n
 # ------------------------------------------------------------------ end-to-end evaluation
 
 METHODS = ("btd", "majority", "soft-sc", "soft-sc-cal", "single")
+POOLED = "pooled"   # calib.json key of a fit over all tasks together (--pool-tasks)
 
 
 @dataclass
 class JudgeRun:
-    fit: JudgeFit
-    calibration: Calibration
+    fit: JudgeFit | None              # the fit of the only task/unit (None when tasks are fitted separately)
+    calibration: Calibration | None   # likewise
     aggregates: dict[str, Aggregate]
     calib_idx: np.ndarray
     test_idx: np.ndarray
-    metrics: list[dict]
+    metrics: list[dict]               # overall, on the test split
+    fits: dict[str, JudgeFit] = field(default_factory=dict)            # per task (or POOLED)
+    calibrations: dict[str, Calibration] = field(default_factory=dict)
+    task_metrics: list[dict] = field(default_factory=list)            # per task, when there are several
+    thresholds: dict[str, float] = field(default_factory=dict)         # soft-sc-cal tie threshold per unit
+    self_agg_failures: int | None = None
 
 
-def run_judge(c: Counts, human: dict[str, float] | None = None, calib_ids: Sequence[str] | None = None,
-              calib_frac: float = 0.2, nu_mode: str = "item", methods: Sequence[str] = METHODS,
-              groups: Sequence[str] | None = None, seed: int = 0, fit: JudgeFit | None = None,
-              calibration: Calibration | None = None) -> JudgeRun:
-    """Fit the judge model on all items, calibrate on the calibration split, aggregate every method and
-    (with human labels) score each on the test split."""
-    for m in methods:
-        if m not in METHODS:
-            raise UsageError(f"unknown judge aggregation method {m!r}; choose from {', '.join(METHODS)}")
-    ids = np.array(c.ids)
-    h = None
-    if human is not None:
-        h = np.array([human.get(i, np.nan) for i in c.ids])
+def task_units(c: Counts, per_task: bool = True) -> dict[str, np.ndarray]:
+    """Item indices of each calibration unit: one per task (``per_task``), or all items as one unit (the
+    task's name when there is only one task, else ``pooled``)."""
+    tasks = c.tasks or ["default"] * len(c.ids)
+    names = sorted(set(tasks))
+    if len(names) == 1:
+        return {names[0]: np.arange(len(c.ids))}
+    if not per_task:
+        return {POOLED: np.arange(len(c.ids))}
+    arr = np.asarray(tasks)
+    return {t: np.flatnonzero(arr == t) for t in names}
+
+
+def group_keys(c: Counts, groups: Sequence[str | None] | None = None) -> np.ndarray:
+    """Pairwise-accuracy group of each item: ``groups`` (aligned with ``c.ids``; None entries fall back), else the
+    votes' ``group`` field, else the task."""
+    tasks = c.tasks or ["default"] * len(c.ids)
+    given = list(groups) if groups is not None else (c.groups or [None] * len(c.ids))
+    own = c.groups or [None] * len(c.ids)
+    out = []
+    for i in range(len(c.ids)):
+        g = given[i] if given[i] is not None else own[i]
+        out.append(f"group:{g}" if g is not None else f"task:{tasks[i]}")
+    return np.asarray(out)
+
+
+def self_agg_aggregate(c: Counts, ratings: dict[str, float | None]) -> tuple[Aggregate, int]:
+    """The ``self-agg`` method row from one aggregated rating per id (canonical frame): a null rating or a
+    missing id counts as a tie and as a failure. Returns (aggregate, failures)."""
+    vals, failures = [], 0
+    for iid in c.ids:
+        r = ratings.get(iid)
+        if r is None:
+            failures += 1
+            r = 0.0
+        vals.append(float(r))
+    v = np.asarray(vals)
+    label = sign_class(v)
+    return Aggregate("self-agg", label, v.copy(), v.copy()), failures
+
+
+def _split(c: Counts, h: np.ndarray | None, calib_ids, calib_frac: float, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """(calibration, test) indices among the labelled items; the random split is stratified by task (one task:
+    exactly the old unstratified split)."""
     labelled = np.flatnonzero(~np.isnan(h)) if h is not None else np.array([], dtype=int)
+    ids = np.array(c.ids)
     if calib_ids is not None:
         cs = set(map(str, calib_ids))
         calib_idx = np.array([i for i in labelled if ids[i] in cs], dtype=int)
     elif len(labelled):
         rng = np.random.default_rng(seed)
-        perm = rng.permutation(labelled)
-        calib_idx = np.sort(perm[:max(1, int(round(calib_frac * len(labelled))))])
+        tasks = np.asarray(c.tasks or ["default"] * len(c.ids))
+        parts = []
+        for t in sorted(set(tasks[labelled])):
+            lab = labelled[tasks[labelled] == t]
+            perm = rng.permutation(lab)
+            parts.append(perm[:max(1, round(calib_frac * len(lab)))])
+        calib_idx = np.sort(np.concatenate(parts)).astype(int)
     else:
         calib_idx = np.array([], dtype=int)
-    test_idx = np.setdiff1d(labelled, calib_idx)
-    fit = fit or fit_judge(c, nu_mode)
-    if calibration is None:
-        if len(calib_idx):
-            post = posterior(c.subset(calib_idx), fit)
-            calibration = fit_calibration(post.theta_mean, post.log_nu_mean - fit.log_nu0, sign_class(h[calib_idx]),
-                                          h[calib_idx], use_gamma=fit.nu_mode == "item")
-        else:
-            calibration = Calibration(1.0, fit.log_nu0, 0.0)
-    aggs: dict[str, Aggregate] = {}
+    return calib_idx, np.setdiff1d(labelled, calib_idx)
+
+
+def _metric_rows(aggs: dict[str, Aggregate], h: np.ndarray, calib_idx: np.ndarray, test_idx: np.ndarray,
+                 grp: np.ndarray, extra: dict | None = None) -> list[dict]:
+    rows = []
+    for m, agg in aggs.items():
+        row = {**(extra or {}), "method": m, "test_items": len(test_idx),
+               "mae": mae(agg.point[test_idx], h[test_idx]),
+               "label_accuracy": float((agg.label[test_idx] == sign_class(h[test_idx])).mean())}
+        if len(calib_idx) >= 2:
+            eps = tune_eps(agg.score[calib_idx], h[calib_idx], grp[calib_idx])
+            row["pairwise_acc"] = pairwise_accuracy(agg.score[test_idx], h[test_idx], grp[test_idx], eps)
+            row["eps"] = eps
+        rows.append(row)
+    return rows
+
+
+def _scatter(parts: list[tuple[np.ndarray, Aggregate]], size: int, method: str) -> Aggregate:
+    """One Aggregate over all items from per-unit aggregates."""
+    def merged(attr, width=None):
+        first = getattr(parts[0][1], attr)
+        if first is None:
+            return None
+        out = np.zeros((size, width) if width else size, dtype=float)
+        for idx, agg in parts:
+            out[idx] = getattr(agg, attr)
+        return out
+
+    label = np.zeros(size, dtype=int)
+    for idx, agg in parts:
+        label[idx] = agg.label
+    return Aggregate(method, label, merged("score"), merged("point"), merged("p", 3), merged("theta"),
+                     merged("theta_sd"), merged("log_nu"))
+
+
+def run_judge(c: Counts, human: dict[str, float] | None = None, calib_ids: Sequence[str] | None = None,
+              calib_frac: float = 0.2, nu_mode: str = "item", methods: Sequence[str] = METHODS,
+              groups: Sequence[str | None] | None = None, seed: int = 0,
+              fit: JudgeFit | dict[str, JudgeFit] | None = None,
+              calibration: Calibration | dict[str, Calibration] | None = None, per_task: bool = True,
+              self_agg: dict[str, float | None] | None = None) -> JudgeRun:
+    """Fit the judge model and calibrate per task (each task's own tie propensity; ``per_task=False`` pools
+    them), aggregate every method and (with human labels) score each on the test split, overall and per task.
+    ``fit``/``calibration``: reuse instead of fitting (one for all units, or a dict keyed like
+    :func:`task_units`). ``self_agg``: id -> aggregated rating (null = failure) adds the ``self-agg`` row."""
     for m in methods:
-        if m == "btd":
-            aggs[m] = btd_aggregate(c, fit, calibration)
-        elif m == "majority":
-            aggs[m] = majority(c)
-        elif m == "soft-sc":
-            aggs[m] = soft_sc(c)
-        elif m == "soft-sc-cal":
-            th = tune_tie_threshold(c.subset(calib_idx), h[calib_idx]) if len(calib_idx) else 0.5
-            aggs[m] = soft_sc(c, th, "soft-sc-cal")
-        elif m == "single":
-            aggs[m] = single(c)
-    metrics = []
+        if m not in METHODS:
+            raise UsageError(f"unknown judge aggregation method {m!r}; choose from {', '.join(METHODS)}")
+    h = np.array([human.get(i, np.nan) for i in c.ids]) if human is not None else None
+    calib_idx, test_idx = _split(c, h, calib_ids, calib_frac, seed)
+    units = task_units(c, per_task)
+    fits, cals, thresholds = {}, {}, {}
+    parts: dict[str, list] = {m: [] for m in methods}
+    calib_set = set(calib_idx.tolist())
+    for key, idx in units.items():
+        sub = c.subset(idx)
+        u_fit = fit.get(key) if isinstance(fit, dict) else fit
+        if isinstance(fit, dict) and u_fit is None:
+            raise UsageError(f"calibration file has no entry for {key!r} (it has: {', '.join(sorted(fit)) or 'none'})")
+        u_fit = u_fit or fit_judge(sub, nu_mode)
+        u_cal = calibration.get(key) if isinstance(calibration, dict) else calibration
+        local_calib = np.array([j for j, i in enumerate(idx) if i in calib_set], dtype=int)
+        if u_cal is None:
+            if len(local_calib):
+                post = posterior(sub.subset(local_calib), u_fit)
+                hc = h[idx][local_calib]
+                u_cal = fit_calibration(post.theta_mean, post.log_nu_mean - u_fit.log_nu0, sign_class(hc), hc,
+                                        use_gamma=u_fit.nu_mode == "item")
+            else:
+                u_cal = Calibration(1.0, u_fit.log_nu0, 0.0)
+        fits[key], cals[key] = u_fit, u_cal
+        for m in methods:
+            if m == "btd":
+                agg = btd_aggregate(sub, u_fit, u_cal)
+            elif m == "majority":
+                agg = majority(sub)
+            elif m == "soft-sc":
+                agg = soft_sc(sub)
+            elif m == "soft-sc-cal":
+                th = tune_tie_threshold(sub.subset(local_calib), h[idx][local_calib]) if len(local_calib) else 0.5
+                thresholds[key] = th
+                agg = soft_sc(sub, th, "soft-sc-cal")
+            else:
+                agg = single(sub)
+            parts[m].append((idx, agg))
+    aggs = {m: _scatter(parts[m], len(c.ids), m) for m in methods}
+    failures = None
+    if self_agg is not None:
+        aggs["self-agg"], failures = self_agg_aggregate(c, self_agg)
+    metrics, task_metrics = [], []
     if h is not None and len(test_idx):
-        grp = np.asarray(groups if groups is not None else c.tasks)
-        for m, agg in aggs.items():
-            row = {"method": m, "test_items": int(len(test_idx)), "mae": mae(agg.point[test_idx], h[test_idx]),
-                   "label_accuracy": float((agg.label[test_idx] == sign_class(h[test_idx])).mean())}
-            if len(calib_idx) >= 2:
-                eps = tune_eps(agg.score[calib_idx], h[calib_idx], grp[calib_idx])
-                row["pairwise_acc"] = pairwise_accuracy(agg.score[test_idx], h[test_idx], grp[test_idx], eps)
-                row["eps"] = eps
-            metrics.append(row)
-    return JudgeRun(fit, calibration, aggs, calib_idx, test_idx, metrics)
+        grp = group_keys(c, groups)
+        metrics = _metric_rows(aggs, h, calib_idx, test_idx, grp)
+        tasks = np.asarray(c.tasks or ["default"] * len(c.ids))
+        if len(set(tasks)) > 1:
+            for t in sorted(set(tasks)):
+                ci, ti = calib_idx[tasks[calib_idx] == t], test_idx[tasks[test_idx] == t]
+                if len(ti):
+                    task_metrics += _metric_rows(aggs, h, ci, ti, grp, {"task": t})
+    single_unit = len(units) == 1
+    only = next(iter(units))
+    return JudgeRun(fits[only] if single_unit else None, cals[only] if single_unit else None, aggs, calib_idx,
+                    test_idx, metrics, fits, cals, task_metrics, thresholds, failures)
 
 
 def agg_records(c: Counts, agg: Aggregate) -> list[dict]:
@@ -533,6 +658,8 @@ def agg_records(c: Counts, agg: Aggregate) -> list[dict]:
         rec = {"id": iid, "method": agg.method, "label": LABELS[1 - int(agg.label[i])], "score": float(agg.score[i]),
                "counts": [int(c.a[i]), int(c.t[i]), int(c.b[i])], "polarity": float(pol[i]),
                "decisiveness": float(dec[i])}
+        if c.tasks and len(set(c.tasks)) > 1:
+            rec["task"] = c.tasks[i]
         if agg.p is not None:
             rec["p"] = [float(x) for x in agg.p[i]]
         if agg.theta is not None:
@@ -543,17 +670,24 @@ def agg_records(c: Counts, agg: Aggregate) -> list[dict]:
     return out
 
 
-def calib_document(run: JudgeRun, task: str = "default") -> dict:
-    f, cal = run.fit, run.calibration
-    return {task: {"nu_mode": f.nu_mode, "log_nu0": f.log_nu0, "tau": f.tau, "omega": f.omega,
-                   "beta": cal.beta, "c": cal.c, "gamma": cal.gamma, "v_a": cal.v_a, "v_b": cal.v_b,
-                   "calibrated": cal.calibrated, "n_calib_items": cal.n_calib_items, "loglik": f.loglik,
-                   "calib_loglik": cal.loglik, "n_items": f.n_items, "warnings": f.warnings}}
+def calib_document(run: JudgeRun) -> dict:
+    """``calib.json``: one entry per calibration unit (task, or ``pooled``)."""
+    doc = {}
+    for key, f in run.fits.items():
+        cal = run.calibrations[key]
+        doc[key] = {"nu_mode": f.nu_mode, "log_nu0": f.log_nu0, "tau": f.tau, "omega": f.omega,
+                    "beta": cal.beta, "c": cal.c, "gamma": cal.gamma, "v_a": cal.v_a, "v_b": cal.v_b,
+                    "calibrated": cal.calibrated, "n_calib_items": cal.n_calib_items, "loglik": f.loglik,
+                    "calib_loglik": cal.loglik, "n_items": f.n_items, "warnings": f.warnings}
+        if key in run.thresholds:
+            doc[key]["soft_sc_cal_threshold"] = run.thresholds[key]
+    return doc
 
 
 def load_calib_document(doc: dict, path: str = "calib.json", task: str = "default") -> tuple[JudgeFit, Calibration]:
-    if task not in doc:
-        raise UsageError(f"{path}: no entry for task {task!r}")
+    if not isinstance(doc, dict) or task not in doc:
+        have = ", ".join(sorted(doc)) if isinstance(doc, dict) else "nothing"
+        raise UsageError(f"{path}: no entry for task {task!r} (it has: {have})")
     d = doc[task]
     try:
         fit = JudgeFit(d["nu_mode"], float(d["log_nu0"]), float(d["tau"]),
@@ -562,8 +696,13 @@ def load_calib_document(doc: dict, path: str = "calib.json", task: str = "defaul
                           int(d["n_calib_items"]), d.get("calib_loglik"), bool(d["calibrated"]))
     except KeyError as e:
         raise UsageError(f"{path}: missing field {e.args[0]!r} for task {task!r}") from None
+    except (TypeError, ValueError) as e:
+        raise UsageError(f"{path}: malformed entry for task {task!r} ({e})") from None
     return fit, cal
 
 
 def fit_summary(run: JudgeRun) -> dict:
-    return {"fit": asdict(run.fit), "calibration": asdict(run.calibration)}
+    if run.fit is not None and len(run.fits) <= 1:
+        return {"fit": asdict(run.fit), "calibration": asdict(run.calibration)}
+    return {"fits": {k: asdict(f) for k, f in run.fits.items()},
+            "calibrations": {k: asdict(c) for k, c in run.calibrations.items()}}

@@ -1,4 +1,5 @@
-"""`llmtool evaluate sysr|bai-sim|judge|judge-synth|autograder ...`: statistics over per-item result files.
+"""`llmtool evaluate sysr|bai-sim|judge|judge-sample|judge-self-agg|judge-synth|autograder ...`: statistics over
+per-item result files, and the judge sampling that makes vote files.
 
 Registers its commands on the `evaluate` app (see llmtool/evaluate/cli.py). Heavy imports stay inside the
 command functions.
@@ -212,23 +213,58 @@ def bai_sim_cmd(
 
 # ----------------------------------------------------------------------------------------------- judge
 
+def _read_calib_json(path: Path) -> dict:
+    if not path.is_file():
+        raise UsageError(f"{path}: no such file")
+    try:
+        doc = json.loads(path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise UsageError(f"{path}: malformed JSON ({getattr(e, 'msg', e)})") from None
+    if not isinstance(doc, dict):
+        raise UsageError(f"{path}: expected a JSON object keyed by task")
+    return doc
+
+
+def _self_agg_ratings(path: Path) -> dict:
+    """id -> aggregated rating (null kept) from a judge-self-agg output."""
+    import math
+
+    from llmtool.core.data import read_jsonl
+
+    out = {}
+    for line, r in enumerate(read_jsonl(path, required=("id", "rating")), 1):
+        x = r["rating"]
+        if x is not None and (isinstance(x, bool) or not isinstance(x, (int, float)) or not math.isfinite(x)):
+            raise UsageError(f"{path}:{line}: field 'rating' must be a number or null, got {x!r}")
+        out[str(r["id"])] = x
+    return out
+
+
 @app.command("judge")
 def judge_cmd(
-    votes: Path = typer.Option(..., "--votes", help="votes.jsonl: id, sample, order, rating (null = parse failure)."),
+    votes: Path = typer.Option(..., "--votes", help="votes.jsonl: id, sample, order, rating (null = parse failure), "
+                               "task?, group?."),
     human: Optional[Path] = typer.Option(None, "--human", help="human.jsonl: id, rating (several raters allowed)."),
     calib: Optional[Path] = typer.Option(None, "--calib-labels", help="Calibration labels (human format); default: "
-                                         "random --calib-frac of the --human items."),
+                                         "random --calib-frac of the --human items (stratified by task)."),
     calib_frac: float = typer.Option(0.2, help="Calibration share of the labelled items without --calib-labels."),
     methods: Optional[str] = typer.Option(None, "--methods", help="Comma list of aggregators to compare "
                                           "(default: all of llmtool.evaluate.judge_btd.METHODS)."),
     nu_mode: str = typer.Option("item", help="BTD tie model: item (per-item nu) or shared."),
     frame: str = typer.Option("canonical", help="canonical (rating > 0 = A better) or presented (mirror BA votes)."),
-    load_calib: Optional[Path] = typer.Option(None, "--load-calib", help="Reuse a calib.json instead of fitting."),
+    load_calib: Optional[Path] = typer.Option(None, "--load-calib", help="Reuse a calib.json (one entry per task) "
+                                              "instead of fitting."),
+    self_agg: Optional[Path] = typer.Option(None, "--self-agg", help="selfagg.jsonl of `evaluate judge-self-agg`: "
+                                            "adds the self-agg row (null/missing = tie, counted as a failure)."),
+    groups: Optional[Path] = typer.Option(None, "--groups", help="JSONL with id, group (pairs.jsonl works) defining "
+                                          "pairwise-accuracy groups; default: the votes' group field, else the task."),
+    pool_tasks: bool = typer.Option(False, "--pool-tasks", help="One judge fit and calibration over all tasks "
+                                    "(default: one per task)."),
     out: Path = typer.Option(..., "-o", "--out", help="agg.jsonl (calib.json and judge_report.json beside it)."),
     overwrite: bool = typer.Option(False, "--overwrite"),
 ) -> None:
-    """Aggregate n judge ratings per item (BTD with calibration, and baselines); MAE/pairwise accuracy."""
-    preflight(None, out, inputs=(votes, human, calib, load_calib), overwrite=overwrite)
+    """Aggregate n judge ratings per item (BTD with per-task calibration, and baselines); MAE/pairwise accuracy."""
+    preflight(None, out, inputs=(votes, human, calib, load_calib, self_agg, groups), overwrite=overwrite)
     from llmtool.core.data import read_jsonl, write_jsonl
     from llmtool.evaluate import judge_btd as J
 
@@ -245,24 +281,164 @@ def judge_cmd(
         calib_ids = list(calib_labels)
     fit = cal = None
     if load_calib:
-        if not load_calib.is_file():
-            raise UsageError(f"{load_calib}: no such file")
-        try:
-            doc = json.loads(load_calib.read_text())
-        except json.JSONDecodeError as e:
-            raise UsageError(f"{load_calib}: malformed JSON ({e.msg})") from None
-        fit, cal = J.load_calib_document(doc, str(load_calib))
-    run = J.run_judge(counts, labels, calib_ids, calib_frac, nu_mode, methods, seed=OPTIONS.seed, fit=fit,
-                      calibration=cal)
-    records = [rec for m in methods for rec in J.agg_records(counts, run.aggregates[m])]
+        doc = _read_calib_json(load_calib)
+        fit, cal = {}, {}
+        for key in J.task_units(counts, not pool_tasks):
+            fit[key], cal[key] = J.load_calib_document(doc, str(load_calib), key)
+    group_list = None
+    if groups:
+        gmap = {str(r["id"]): r.get("group") for r in read_jsonl(groups, required=("id",))}
+        group_list = [None if gmap.get(i) is None else str(gmap[i]) for i in counts.ids]
+        missing = sum(g is None for g in group_list)
+        if missing:
+            info(f"{groups}: {missing} item(s) without a group use their task as the group")
+    ratings = _self_agg_ratings(self_agg) if self_agg else None
+    run = J.run_judge(counts, labels, calib_ids, calib_frac, nu_mode, methods, groups=group_list,
+                      seed=OPTIONS.seed, fit=fit, calibration=cal, per_task=not pool_tasks, self_agg=ratings)
+    names = [*methods, *(["self-agg"] if ratings is not None else [])]
+    records = [rec for m in names for rec in J.agg_records(counts, run.aggregates[m])]
     write_jsonl(out, records)
     _write_json(out.with_name("calib.json"), J.calib_document(run))
-    report = {"items": len(counts.ids), "calib_items": int(len(run.calib_idx)), "test_items": int(len(run.test_idx)),
-              "metrics": run.metrics, **J.fit_summary(run)}
-    if not run.calibration.calibrated:
-        report["note"] = "no human labels: BTD uses beta = 1, c = log nu0, gamma = 0 (uncalibrated)"
+    tasks = sorted(set(counts.tasks))
+    report = {"items": len(counts.ids), "tasks": tasks, "calib_items": int(len(run.calib_idx)),
+              "test_items": int(len(run.test_idx)), "metrics": run.metrics, **J.fit_summary(run)}
+    if run.task_metrics:
+        report["task_metrics"] = run.task_metrics
+    if ratings is not None:
+        report["self_agg"] = {"file": str(self_agg), "failures": run.self_agg_failures,
+                              "failure_rate": run.self_agg_failures / len(counts.ids)}
+    uncal = [k for k, c in run.calibrations.items() if not c.calibrated]
+    if uncal:
+        report["note"] = (f"no human labels for {', '.join(uncal)}: BTD uses beta = 1, c = log nu0, gamma = 0 "
+                          "(uncalibrated)")
     _write_json(out.with_name("judge_report.json"), report)
-    emit(report, rows=run.metrics or None, title="judge aggregation (test split)")
+    if ratings is not None:
+        info(f"self-agg: {run.self_agg_failures} of {len(counts.ids)} item(s) without a parsed rating (counted as ties)")
+    emit(report, rows=(run.metrics + run.task_metrics) or None, title="judge aggregation (test split)")
+
+
+def _judge_backend(judge: str, api_base: Optional[str], *, temperature: float, max_new_tokens: int, batch_rows: int,
+                   force_final: bool, concurrency: int, desc: str):
+    """(generator, spec) for --judge / --aggregator: hf:DIR|alias (or a bare one) or openai:MODEL."""
+    from llmtool.evaluate import judge_sample as S
+
+    kind, arg = S.parse_model_spec(judge)
+    if kind == "openai":
+        if not api_base:
+            raise UsageError(f"{judge}: openai:MODEL needs --api-base URL (e.g. http://localhost:8000/v1)")
+        if force_final:
+            raise UsageError("--force-final needs a local (hf:) model: a chat endpoint cannot continue a reply")
+        return S.openai_generator(arg, api_base, temperature=temperature, max_new_tokens=max_new_tokens,
+                                  seed=OPTIONS.seed, concurrency=concurrency, desc=desc), judge
+    from llmtool.core.models import load_model, load_tokenizer
+
+    model, tok = load_model(arg), load_tokenizer(arg)
+    return S.hf_generator(model, tok, temperature=temperature, max_new_tokens=max_new_tokens, batch_rows=batch_rows,
+                          seed=OPTIONS.seed, force_final=force_final, desc=desc), f"hf:{arg}"
+
+
+def _judge_preflight(judge: str, out: Path, inputs, overwrite: bool) -> None:
+    from llmtool.evaluate.judge_sample import parse_model_spec
+
+    kind, arg = parse_model_spec(judge)
+    preflight(arg if kind == "hf" else None, out, inputs=inputs, overwrite=overwrite)
+
+
+JudgeModel = typer.Option(..., "--judge", help="hf:DIR|alias (local transformers; a bare DIR|alias also works) or "
+                          "openai:MODEL (with --api-base; key from $OPENAI_API_KEY).")
+ApiBase = typer.Option(None, "--api-base", help="OpenAI-compatible base URL for openai: models.")
+Scale = typer.Option("3way", "--scale", help="Rating scale: 3way (A/tie/B), 5pt (-2..2) or 7pt (-3..3).")
+ForceFinal = typer.Option(False, "--force-final", help="Budget forcing (local models): an output that has no "
+                          "'Final rating:' line when it stops gets one appended and a few more sampled tokens; "
+                          "the strict parser still decides.")
+BatchRows = typer.Option(32, "--batch-rows", min=1, help="Local sampling: rows (prompts x samples) per decode batch "
+                         "(throughput only).")
+Concurrency = typer.Option(4, "--concurrency", min=1, help="Parallel API calls (openai:).")
+
+
+@app.command("judge-sample")
+def judge_sample_cmd(
+    judge: str = JudgeModel,
+    pairs: Path = typer.Option(..., "--pairs", help="pairs.jsonl: id, prompt, response_a, response_b, task?, group?."),
+    n: int = typer.Option(20, "--n", min=1, help="Samples per pair."),
+    swap: str = typer.Option("half", "--swap", help="half (odd samples in BA order, mirrored), none, or all."),
+    temperature: float = typer.Option(1.0, "--temperature", min=0.0, help="Sampling temperature (0 = greedy)."),
+    scale: str = Scale,
+    max_new_tokens: int = typer.Option(512, "--max-new-tokens", min=1, help="Reasoning + rating tokens per sample."),
+    api_base: Optional[str] = ApiBase,
+    force_final: bool = ForceFinal,
+    batch_rows: int = BatchRows,
+    concurrency: int = Concurrency,
+    out: Path = typer.Option(..., "-o", "--out", help="votes.jsonl (canonical frame: positive = A better)."),
+    overwrite: bool = typer.Option(False, "--overwrite"),
+) -> None:
+    """Sample n judge ratings per pair (reasoning, then 'Final rating: <value>'; strict parse, null on failure)."""
+    _judge_preflight(judge, out, (pairs,), overwrite)
+    from llmtool.core.checkpoint import atomic_file
+    from llmtool.core.data import read_jsonl
+    from llmtool.evaluate import judge_sample as S
+
+    S.check_scale(scale)
+    S.sample_orders(1, swap)
+    rows = S.read_pairs(read_jsonl(pairs), str(pairs))
+    if temperature == 0 and n > 1:
+        info("--temperature 0 is greedy: the n samples of an order are identical")
+    with atomic_file(out, overwrite) as tmp:  # before the model loads: an interrupted run leaves nothing
+        gen, spec = _judge_backend(judge, api_base, temperature=temperature, max_new_tokens=max_new_tokens,
+                                   batch_rows=batch_rows, force_final=force_final, concurrency=concurrency,
+                                   desc="judge samples")
+        votes = S.sample_votes(rows, gen, n, swap, scale)
+        with open(tmp, "w", encoding="utf-8") as fh:
+            fh.writelines(json.dumps(v, ensure_ascii=False) + "\n" for v in votes)
+    summary = {"out": str(out), "judge": spec, "pairs": len(rows), "n": n, "swap": swap, "scale": scale,
+               "temperature": temperature, **S.vote_summary(votes)}
+    emit(summary, title="judge-sample")
+
+
+@app.command("judge-self-agg")
+def judge_self_agg_cmd(
+    judge: Optional[str] = typer.Option(None, "--judge", help="The judge that made the votes (the aggregator unless "
+                                        "--aggregator): hf:DIR|alias or openai:MODEL."),
+    aggregator: Optional[str] = typer.Option(None, "--aggregator", help="Another model to aggregate with."),
+    pairs: Path = typer.Option(..., "--pairs", help="The pairs.jsonl the votes were made from."),
+    votes: Path = typer.Option(..., "--votes", help="votes.jsonl of `evaluate judge-sample` (raw outputs)."),
+    temperature: float = typer.Option(0.0, "--temperature", min=0.0, help="Aggregator temperature (0 = greedy)."),
+    scale: str = Scale,
+    max_new_tokens: int = typer.Option(512, "--max-new-tokens", min=1),
+    max_raw_chars: int = typer.Option(1000, "--max-raw-chars", min=1, help="Each judge output is cut to this length."),
+    api_base: Optional[str] = ApiBase,
+    force_final: bool = ForceFinal,
+    batch_rows: int = BatchRows,
+    concurrency: int = Concurrency,
+    out: Path = typer.Option(..., "-o", "--out", help="selfagg.jsonl: id, rating (canonical; null = failure), raw."),
+    overwrite: bool = typer.Option(False, "--overwrite"),
+) -> None:
+    """Instruction-based self-aggregation: the judge reads its n outputs for a pair and gives one final rating."""
+    model = aggregator or judge
+    if model is None:
+        raise UsageError("give --judge MODEL (or --aggregator MODEL)")
+    _judge_preflight(model, out, (pairs, votes), overwrite)
+    from llmtool.core.checkpoint import atomic_file
+    from llmtool.core.data import read_jsonl
+    from llmtool.evaluate import judge_sample as S
+
+    S.check_scale(scale)
+    rows = S.read_pairs(read_jsonl(pairs), str(pairs))
+    vote_rows = read_jsonl(votes, required=("id",))
+    with atomic_file(out, overwrite) as tmp:
+        gen, spec = _judge_backend(model, api_base, temperature=temperature, max_new_tokens=max_new_tokens,
+                                   batch_rows=batch_rows, force_final=force_final, concurrency=concurrency,
+                                   desc="self-aggregation")
+        recs = S.self_aggregate(rows, vote_rows, gen, scale, max_raw_chars, str(votes))
+        with open(tmp, "w", encoding="utf-8") as fh:
+            fh.writelines(json.dumps(r, ensure_ascii=False) + "\n" for r in recs)
+    failures = sum(r["rating"] is None for r in recs)
+    summary = {"out": str(out), "aggregator": spec, "items": len(recs), "failures": failures,
+               "failure_rate": failures / len(recs)}
+    if failures:
+        info(f"self-agg: {failures} of {len(recs)} answer(s) without a parseable final rating (null; `evaluate judge "
+             "--self-agg` counts them as ties)")
+    emit(summary, title="judge-self-agg")
 
 
 @app.command("judge-synth")
