@@ -81,3 +81,52 @@ def test_w4a4_matmul_triton_matches_reference_and_float():
     assert torch.equal(tri, ref)
     dense = ((xc.double() - xz.double()) * xs.double()) @ ((wcodes.double() - 8) * wscale.double()).T
     assert torch.allclose(ref.double(), dense, rtol=1e-5, atol=1e-5)
+
+
+# ------------------------------------------------------------------ integer CPU paths (issue 18)
+
+def _qlinear(w_bits, a_bits, n=96, k=128, symmetric=False, seed=0):
+    from llmtool.quantize.modules import QuantLinear
+    from llmtool.quantize.quantizers import weight_scale
+
+    g = torch.Generator().manual_seed(seed)
+    lin = torch.nn.Linear(k, n, bias=False)
+    with torch.no_grad():
+        lin.weight.copy_(torch.randn(n, k, generator=g) * 0.05)
+    q = QuantLinear.from_linear(lin, a_symmetric=symmetric)
+    w = lin.weight.detach().float()
+    scale = weight_scale(w, w_bits, False).to(torch.float16).float()
+    zero = 2 ** (w_bits - 1)
+    codes = torch.clamp(torch.round(w / scale) + zero, 0, 2 ** w_bits - 1)
+    q.set_quantized(codes.to(torch.uint8), scale, w_bits)
+    q.a_bits = a_bits
+    return q, torch.randn(5, k, generator=g)
+
+
+@pytest.mark.parametrize("w_bits, a_bits, symmetric", [(4, 4, False), (4, 4, True), (3, 3, False), (4, 6, False),
+                                                        (4, 7, True)])
+def test_low_bit_activation_product_is_the_float_reference_exactly(w_bits, a_bits, symmetric):
+    from llmtool.kernels.quant import quantize_per_token
+    from llmtool.quantize.quantizers import weight_zero
+
+    q, x = _qlinear(w_bits, a_bits, symmetric=symmetric)
+    y = q(x)
+    xc, xs, xz = quantize_per_token(x, a_bits, symmetric, 1.0)
+    wc = q.codes().float() - weight_zero(w_bits)
+    ref = ((xc.float() - xz) @ wc.T) * xs * q.weight_scale.float().reshape(1, -1)
+    assert torch.equal(y, ref)
+    assert q.cache_bytes() == q.in_features * q.out_features          # int8 codes, no float32 copy
+
+
+@pytest.mark.parametrize("w_bits", [4, 8])
+def test_weight_only_cpu_kernels_match_the_dequantized_product(w_bits):
+    q, x = _qlinear(w_bits, 16)
+    ref = x @ q.dequantized_weight(torch.float32).T
+    y = q(x)
+    assert torch.allclose(y, ref, rtol=1e-5, atol=1e-5), (y - ref).abs().max()
+    per_weight = q.cache_bytes() / (q.in_features * q.out_features)
+    assert 0 < per_weight <= (0.7 if w_bits == 4 else 1.0), per_weight   # int4: 0.5 B codes + group scales
+    # the cache follows the codes: new codes give new results
+    q.set_quantized(torch.full((q.out_features, q.in_features), 2 ** (w_bits - 1) + 1, dtype=torch.uint8),
+                    q.weight_scale.float(), w_bits)
+    assert torch.allclose(q(x), x.sum(1, keepdim=True) * q.weight_scale.float().reshape(1, -1), rtol=1e-4, atol=1e-5)

@@ -3,8 +3,14 @@
 * :class:`QuantLinear` — a block Linear: optional online Hadamard on its input (down_proj), dynamic
   per-token activation quantization, and packed low-bit integer weights with per-channel scales
   (buffers ``weight_packed``/``weight_scale``/``weight_shape``, compressed-tensors naming). At 16 bits
-  it holds a plain ``weight``. Quantized products go through :func:`kernels.w4a4_matmul.w4a4_matmul`
-  (triton on CUDA, the exact torch reference on CPU).
+  it holds a plain ``weight``. Quantized products, without any float copy of the weights:
+  W4A4 on CUDA through the triton kernel :func:`kernels.w4a4_matmul.w4a4_matmul`; low-bit activations
+  (A≤7) elsewhere through ``torch._int_mm`` on int8 codes (integer accumulation: the same numbers as the
+  float reference, whose partial sums stay below 2^24); W4A16 on the CPU through torch's int4 weight-only
+  kernel (``_weight_int4pack_mm_for_cpu``, per-channel scales repeated over groups of 64/128/256 columns,
+  so the product is the same ``scale · q``); W8A16 on the CPU through ``_weight_int8pack_mm``; other
+  cases dequantize per call (transient). The packed kernel operands are caches built on first use
+  (``cache_bytes()``), never saved.
 * :class:`LowRankTransition` — the ReSpinQuant residual basis change ``h ↦ h + (h Q) M Qᵀ``.
 * :class:`DenseTransition` — ``h ↦ h T`` (exact; used while learning rotations).
 * :func:`install_transitions` swaps a decoder layer's class for a subclass whose forward applies the
@@ -20,6 +26,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from llmtool.kernels._dispatch import use_triton
 from llmtool.kernels.hadamard import hadamard_transform
 from llmtool.kernels.intpack import pack, packed_width, unpack
 from llmtool.kernels.quant import quantize_per_token
@@ -36,7 +43,7 @@ class QuantLinear(nn.Module):
         self.a_symmetric, self.a_clip_ratio = a_symmetric, a_clip_ratio
         self.online_hadamard = online_hadamard
         self.observer = None  # callable(x) seeing the (Hadamard-transformed) input, for GPTQ Hessians
-        self._centered = None
+        self._kernel_cache: dict = {}
         if w_bits >= 16:
             self.register_buffer("weight", torch.zeros(out_features, in_features, dtype=dtype))
         else:
@@ -62,7 +69,7 @@ class QuantLinear(nn.Module):
         self.register_buffer("weight_packed", pack(codes.to(torch.uint8), bits))
         self.register_buffer("weight_scale", scale.to(torch.float16).reshape(-1, 1).to(dev))
         self.register_buffer("weight_shape", torch.tensor(list(codes.shape), dtype=torch.int64, device=dev))
-        self._centered = None
+        self._kernel_cache = {}
 
     def codes(self) -> torch.Tensor:
         return unpack(self.weight_packed, self.w_bits)
@@ -72,16 +79,71 @@ class QuantLinear(nn.Module):
             return self.weight.to(dtype)
         return dequantize_weight(self.codes(), self.weight_scale.float(), self.w_bits, dtype)
 
-    def _centered_weight(self) -> torch.Tensor:
-        c = self._centered
-        if c is None or c.device != self.weight_packed.device:
-            c = self.codes().float() - float(weight_zero(self.w_bits))
-            self._centered = c
-        return c
+    def _cached(self, key: str, build):
+        """A kernel operand derived from the packed codes, rebuilt when the codes move or change."""
+        entry = self._kernel_cache.get(key)
+        packed = self.weight_packed
+        if entry is None or entry[0] != (packed.device, packed.data_ptr()):
+            entry = ((packed.device, packed.data_ptr()), build())
+            self._kernel_cache[key] = entry
+        return entry[1]
+
+    def cache_bytes(self) -> int:
+        """Bytes held by the kernel caches (packed int4/int8 operands)."""
+        total = 0
+        for _, value in self._kernel_cache.values():
+            for t in value if isinstance(value, tuple) else (value,):
+                if isinstance(t, torch.Tensor):
+                    total += t.numel() * t.element_size()
+        return total
+
+    def _int8_codes(self) -> torch.Tensor:
+        """Signed weights ``q = c − zero`` as int8 [out, in] (1 byte per weight)."""
+        return self._cached("int8", lambda: (self.codes().to(torch.int16) - weight_zero(self.w_bits)).to(torch.int8))
+
+    def _int4pack(self):
+        """(packed weight, group size, scales_and_zeros) for torch's CPU int4 weight-only kernel, or None
+        when the shape does not fit it (in_features not a multiple of 64 / even row count)."""
+        k = self.in_features
+        group = next((g for g in (256, 128, 64) if k % g == 0), None)
+        if self.w_bits != 4 or group is None or not hasattr(torch.ops.aten, "_weight_int4pack_mm_for_cpu"):
+            return None
+
+        def build():
+            packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(self.codes().to(torch.int32), 1)
+            scale = self.weight_scale.float().reshape(1, -1).expand(k // group, -1)
+            # the kernel computes (c − 8) · scale + zero per group; zero = 0 gives llmtool's scale · q
+            sz = torch.stack([scale, torch.zeros_like(scale)], dim=-1).contiguous()
+            return packed, group, sz
+        return self._cached("int4pack", build)
 
     def _load_from_state_dict(self, *args, **kwargs):
-        self._centered = None
+        self._kernel_cache = {}
         return super()._load_from_state_dict(*args, **kwargs)
+
+    def _low_bit_act_product(self, x2: torch.Tensor) -> torch.Tensor:
+        xc, xs, xz = quantize_per_token(x2, self.a_bits, self.a_symmetric, self.a_clip_ratio)
+        if self.w_bits == 4 and use_triton(xc, self.weight_packed):
+            return w4a4_matmul(xc, xs, xz, self.weight_packed, self.weight_scale, weight_zero(4))
+        xq = (xc.to(torch.int16) - xz.to(torch.int16)).to(torch.int8)     # |code − zero| <= 127 for A<=7
+        wq = self._int8_codes()
+        if xq.is_cuda:       # no triton: torch._int_mm's CUDA shape limits make a float product simpler
+            acc = xq.float() @ wq.float().T
+        else:
+            acc = torch._int_mm(xq, wq.T).float()
+        return acc * xs.float() * self.weight_scale.float().reshape(1, -1)
+
+    def _weight_only_product(self, x2: torch.Tensor) -> torch.Tensor:
+        if not x2.is_cuda:
+            op = self._int4pack() if self.w_bits == 4 else None
+            xf = x2 if x2.dtype in (torch.float32, torch.bfloat16) else x2.float()
+            if op is not None:
+                packed, group, sz = op
+                return torch.ops.aten._weight_int4pack_mm_for_cpu(xf.contiguous(), packed, group, sz.to(xf.dtype))
+            if self.w_bits == 8 and hasattr(torch.ops.aten, "_weight_int8pack_mm"):
+                return torch.ops.aten._weight_int8pack_mm(xf.contiguous(), self._int8_codes(),
+                                                          self.weight_scale.to(xf.dtype).reshape(-1))
+        return F.linear(x2.float(), self.dequantized_weight(torch.float32))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.online_hadamard:
@@ -95,16 +157,12 @@ class QuantLinear(nn.Module):
                 x2 = fake_quant_act(x2, self.a_bits, self.a_symmetric, self.a_clip_ratio)
             y = F.linear(x2, self.weight.to(x2.dtype))
         elif self.a_bits <= 7:
-            xc, xs, xz = quantize_per_token(x2, self.a_bits, self.a_symmetric, self.a_clip_ratio)
-            if self.w_bits == 4:
-                y = w4a4_matmul(xc, xs, xz, self.weight_packed, self.weight_scale, weight_zero(4),
-                                w_centered=self._centered_weight())
-            else:  # 3-bit codes: same integer product (reference path; codes fit a nibble for triton)
-                wc = self._centered_weight()
-                y = ((xc.float() - xz) @ wc.T) * xs * self.weight_scale.float().reshape(1, -1)
-        else:
-            xq = fake_quant_act(x2, self.a_bits, self.a_symmetric, self.a_clip_ratio) if self.a_bits < 16 else x2
+            y = self._low_bit_act_product(x2)
+        elif self.a_bits < 16:      # A8 is simulated (fake-quantized activations, dequantized weights)
+            xq = fake_quant_act(x2, self.a_bits, self.a_symmetric, self.a_clip_ratio)
             y = F.linear(xq.float(), self.dequantized_weight(torch.float32))
+        else:
+            y = self._weight_only_product(x2)
         return y.reshape(*shape[:-1], self.out_features).to(x.dtype)
 
     def to_dense_linear(self) -> nn.Linear:
