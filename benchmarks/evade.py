@@ -1,22 +1,39 @@
 """Benchmark for `llmtool evade`: detection before and after each attack, per watermark scheme,
-with semantic similarity and perplexity, on the packaged default model.
+with Wilson 95 % intervals, TPR at fixed FPR from >= 500 human negatives, and a quality suite.
 
-Setup (defaults, CPU-sized): generator = paraphraser = aux LM = SmolLM2-135M-Instruct (the only
-packaged model family; the spec's CPU plan uses SmolLM2-360M as rewriter, not available here);
-prompts = first 30 words of N = 10 Austen paragraphs (llmtool.evade.prompts), 80 new tokens, T 0.7,
-top-p 0.9, no-repeat-ngram 4; negatives for TPR@FPR thresholds = the human continuations of the
-same paragraphs (their next 80 words) scored by the same detector; schemes KGW, Unigram, EXP (DiPmark with --schemes ... dip); attacks: none, vanilla
-paraphrase (beta 0), BIRA (beta0 -4, eta 1, q 0), word deletion 0.3, embedding-neighbour synonym
-substitution 0.5, emoji attack. Similarity = all-MiniLM-L6-v2 cosine to the watermarked text;
-ppl = median per-text perplexity under the (unwatermarked) default model.
+Setup (defaults): generator = paraphraser = aux LM = SmolLM2-135M-Instruct (the packaged model).
+Texts: ``austen_prompts(n_neg, prompt_words=30, human_words=max_new_tokens, source="austen-test")``
+gives n_neg = 505 paragraphs; their human continuations (next max_new_tokens words) are the negatives
+of every scheme (detection only, cheap); ``n`` of those prompts (seeded pick) are continued by the
+watermarked generator (T 0.7, top-p 0.9, no-repeat-ngram 4; EXP greedy after its processor, DiPmark
+its own sampling). Schemes KGW, Unigram, EXP, DIP (DiPmark).
+Attacks: none, vanilla paraphrase (beta 0), BIRA with beta0 calibrated for the rewriter (the library
+path of ``llmtool evade attack --method bira`` without --beta0: bira.calibrate_beta with the beta = 0
+baseline rule through beta_cache.calibrated_beta0, on ``--calib-texts`` austen-test texts; the curve is
+recorded), BIRA at the paper's fixed beta0 = -4, word deletion 0.3, synonym substitution 0.5, emoji
+(optional; it regenerates).
+Metrics per (scheme, attack): evasion rate = 1 - detect rate at the scheme's fixed threshold, with
+Wilson 95 % interval; TPR@1 % and @10 % FPR (thresholds: the (k+1)-th largest of the n_neg human
+scores, k = floor(fpr n_neg)) with Wilson intervals over the n positives; AUROC.
+Quality: all-MiniLM-L6-v2 cosine to the watermarked source (mean); perplexity under the unwatermarked
+model (median); self-BLEU of the attack's outputs (mean over outputs of BLEU-4 of each against all the
+others; lower = more diverse); NLI entailment not measured (no NLI model available offline).
+Similarity at matched detection (definition used): the mean similarity over the texts an attack
+*evades* (not flagged at the fixed threshold), so attacks are compared on outputs with the same
+detection outcome; reported with the count.
 
-    python benchmarks/evade.py                      # defaults (~15 min on 2 idle CPU cores)
-    python benchmarks/evade.py --n 100 --max-new-tokens 200 --seeds 0 1 2
+Stages run in priority order (``--order``) and results are written after every stage; with
+``--stop-at HH:MM`` (UTC) a stage not started by then is skipped and listed in ``meta.skipped``.
+
+    python benchmarks/evade.py                      # the full default run (many CPU hours)
+    python benchmarks/evade.py --n 16 --stop-at 05:43
 """
 from __future__ import annotations
 
 import argparse
+import datetime as dt
 import json
+import random
 import statistics
 import sys
 import time
@@ -25,27 +42,47 @@ from pathlib import Path
 import torch
 
 RESULTS = Path(__file__).resolve().parent / "results"
+SCHEMES = ["kgw", "unigram", "exp", "dip"]
+ATTACKS = ["none", "vanilla", "bira-cal", "bira-4", "word-delete", "synonym"]
+
+
+def self_bleu(texts: list[str]) -> float:
+    """Mean over texts of sacrebleu sentence BLEU-4 of each text against all the others as references."""
+    import sacrebleu
+
+    if len(texts) < 2:
+        return float("nan")
+    return statistics.fmean(sacrebleu.sentence_bleu(t, texts[:i] + texts[i + 1:]).score / 100.0
+                            for i, t in enumerate(texts))
 
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", default="smollm2-135m")
-    ap.add_argument("--n", type=int, default=10)
-    ap.add_argument("--max-new-tokens", type=int, default=80)
-    ap.add_argument("--schemes", nargs="+", default=["kgw", "unigram", "exp"])
-    ap.add_argument("--attacks", nargs="+", default=["none", "vanilla", "bira", "word-delete", "synonym", "emoji"])
-    ap.add_argument("--beta0", type=float, default=-4.0)
-    ap.add_argument("--percentile", type=float, default=0.0)
-    ap.add_argument("--seeds", type=int, nargs="+", default=[0])
-    ap.add_argument("--batch-size", type=int, default=12)
-    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--n", type=int, default=100, help="watermarked texts per scheme")
+    ap.add_argument("--n-neg", type=int, default=505, help="human negatives per scheme")
+    ap.add_argument("--max-new-tokens", type=int, default=100)
+    ap.add_argument("--schemes", nargs="+", default=SCHEMES)
+    ap.add_argument("--attacks", nargs="+", default=ATTACKS, help=f"{ATTACKS} and optionally emoji")
+    ap.add_argument("--bira4-schemes", nargs="+", default=None, help="schemes for bira-4 (default: all)")
+    ap.add_argument("--calib-texts", type=int, default=50)
+    ap.add_argument("--order", default="stage", choices=["stage", "scheme"],
+                    help="stage: every scheme's generation and cheap attacks first, then paraphrase attacks "
+                         "scheme by scheme; scheme: one scheme at a time")
+    ap.add_argument("--stop-at", default=None, help="UTC HH:MM; stages not started by then are skipped")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--batch-size", type=int, default=16)
+    ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--out", default=str(RESULTS / "evade"))
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
 
+    from llmtool.core.intervals import wilson
     from llmtool.core.models import load_model, load_tokenizer, set_seed
-    from llmtool.evade.attacks import ATTACKS, AttackContext
-    from llmtool.evade.bira import BiraConfig
+    from llmtool.core.preflight import resolve_model
+    from llmtool.evade import beta_cache
+    from llmtool.evade.attacks import ATTACKS as REG, AttackContext
+    from llmtool.evade.bira import BiraConfig, calibrate_beta, suppression_set
     from llmtool.evade.generation import DecodeConfig, generate_ids, scheme_decoding
     from llmtool.evade.metrics import detection_metrics, perplexity_of
     from llmtool.evade.paraphrase import Paraphraser
@@ -54,117 +91,227 @@ def main(argv=None) -> int:
     from llmtool.evade.watermarks import make_scheme
 
     t_start = time.time()
+    stop = None
+    if args.stop_at:
+        h, m = map(int, args.stop_at.split(":"))
+        now = dt.datetime.now(dt.timezone.utc)
+        stop = now.replace(hour=h, minute=m, second=0, microsecond=0).timestamp()
+    set_seed(args.seed)
     tok, model = load_tokenizer(args.model), load_model(args.model)
     vocab = int(model.config.vocab_size)
     embedder = SentenceEmbedder()
-    prompts = austen_prompts(args.n, prompt_words=30, human_words=args.max_new_tokens, seed=0)
-    prompt_texts = [p["prompt"] for p in prompts]
-    human = [p["human_text"] for p in prompts]
+    rows = austen_prompts(args.n_neg, prompt_words=30, human_words=args.max_new_tokens, seed=args.seed,
+                          source="austen-test")
+    human = [r["human_text"] for r in rows]
+    picked = sorted(random.Random(args.seed + 1).sample(range(len(rows)), args.n))
+    prompt_texts = [rows[i]["prompt"] for i in picked]
     prompt_ids = [tok(p, add_special_tokens=False)["input_ids"] for p in prompt_texts]
+    decode = DecodeConfig(max_new_tokens=args.max_new_tokens, batch_size=args.batch_size, seed=args.seed)
+    para = Paraphraser(model, tok, DecodeConfig(max_new_tokens=args.max_new_tokens, batch_size=args.batch_size,
+                                                seed=args.seed, no_repeat_ngram_size=0))
 
     def ids_of(text):
         return tok(text, add_special_tokens=False)["input_ids"]
 
-    records = []
-    for seed in args.seeds:
-        set_seed(seed)
-        decode = DecodeConfig(max_new_tokens=args.max_new_tokens, batch_size=args.batch_size, seed=seed)
-        plain = [tok.decode(o, skip_special_tokens=True) for o in generate_ids(model, tok, prompt_ids, [], decode)]
-        para = Paraphraser(model, tok, DecodeConfig(max_new_tokens=args.max_new_tokens, batch_size=args.batch_size,
-                                                    seed=seed, no_repeat_ngram_size=0))
-        for name in args.schemes:
-            scheme = make_scheme(name, vocab)
-            dec = DecodeConfig(**{**decode.__dict__})
-            if hasattr(scheme.config, "temperature"):
-                dec.temperature = scheme.config.temperature
-            t0 = time.time()
-            marked = [tok.decode(o, skip_special_tokens=True) for o in
-                      generate_ids(model, tok, prompt_ids, [scheme.processor()], dec, **scheme_decoding(scheme))]
-            neg = [scheme.detect(ids_of(t)) for t in human]
-            neg_scores = [d.score for d in neg]
-            gen_neg = [scheme.detect(ids_of(t)) for t in plain]
-            print(f"[seed {seed}] {name}: generated in {time.time() - t0:.0f}s", file=sys.stderr)
-            for attack in ["unwatermarked-gen"] + args.attacks:
-                t0 = time.time()
-                extra = {}
-                if attack == "unwatermarked-gen":
-                    texts, dets = plain, gen_neg
-                elif attack == "none":
-                    texts = marked
-                else:
-                    ctx = AttackContext(paraphraser=para, bira=BiraConfig(args.beta0, 1.0, 0, args.percentile),
-                                        seed=seed, generator=model, generator_tokenizer=tok, scheme=scheme,
-                                        decode=DecodeConfig(**{**dec.__dict__, "no_repeat_ngram_size": 0}),
-                                        prompts=prompt_texts)
-                    res = ATTACKS.get(attack)(marked, ctx)
-                    texts = [r["attacked_text"] or " " for r in res]
-                    if "degenerated" in res[0]:
-                        extra = {"degenerate_rate": statistics.fmean(r["degenerated"] for r in res),
-                                 "mean_attempts": statistics.fmean(r["iterations"] for r in res),
-                                 "mean_beta_final": statistics.fmean(r["beta_final"] for r in res)}
-                if attack != "unwatermarked-gen":
-                    dets = [scheme.detect(ids_of(t)) for t in texts]
-                m = detection_metrics([d.score for d in dets], neg_scores, [d.is_watermarked for d in dets],
-                                      scheme.score_kind)
-                sims = embedder.similarity(marked, texts)
-                ppl = perplexity_of(model, tok, texts)
-                rec = {"seed": seed, "scheme": name, "attack": attack, **m,
-                       "mean_score": statistics.fmean(d.score for d in dets),
-                       "similarity": statistics.fmean(sims), "ppl_median": statistics.median(ppl),
-                       "mean_tokens": statistics.fmean(len(ids_of(t)) for t in texts),
-                       "seconds": time.time() - t0, **extra,
-                       "example": texts[0][:300]}
-                records.append(rec)
-                print(f"  {attack:18s} detect={m['detect_rate']:.2f} tpr@1%={m['tpr@fpr=0.01']:.2f} "
-                      f"auroc={m['auroc']:.2f} sim={rec['similarity']:.2f} ppl={rec['ppl_median']:.1f} "
-                      f"({rec['seconds']:.0f}s)", file=sys.stderr)
+    state = {"records": [], "skipped": [], "stage_seconds": {}, "calibration": None, "negatives": {}, "fpr_fixed": {}}
+    schemes = {name: make_scheme(name, vocab) for name in args.schemes}
+    marked: dict[str, list[str]] = {}
+    outputs: dict[tuple[str, str], list[str]] = {}
 
-            write_results(args, argv, records, t_start)
+    def flush():
+        write_results(args, argv, state, t_start)
+
+    def run_stage(label, fn):
+        if stop is not None and time.time() >= stop:
+            state["skipped"].append(label)
+            print(f"skip {label} (past --stop-at)", file=sys.stderr)
+            return False
+        t0 = time.time()
+        fn()
+        state["stage_seconds"][label] = round(time.time() - t0, 1)
+        print(f"{label}: {time.time() - t0:.0f}s", file=sys.stderr)
+        flush()
+        return True
+
+    def negatives(name):
+        scheme = schemes[name]
+        dets = [scheme.detect(ids_of(t)) for t in human]
+        state["negatives"][name] = [d.score for d in dets]
+        k = sum(d.is_watermarked for d in dets)
+        state["fpr_fixed"][name] = {"n_neg": len(dets), "flagged": k, "fpr": k / len(dets),
+                                    "ci": list(wilson(k, len(dets)))}
+
+    def score(name, attack, texts, extra=None):
+        scheme = schemes[name]
+        dets = [scheme.detect(ids_of(t)) for t in texts]
+        flags = [d.is_watermarked for d in dets]
+        n = len(texts)
+        m = detection_metrics([d.score for d in dets], state["negatives"][name], flags, scheme.score_kind)
+        k_det = sum(flags)
+        rec = {"scheme": name, "attack": attack, **m, "n_detected": k_det,
+               "detect_ci": list(wilson(k_det, n)), "evasion_rate": 1 - k_det / n,
+               "evasion_ci": list(wilson(n - k_det, n))}
+        for f in (0.01, 0.1):
+            k = round(m[f"tpr@fpr={f:g}"] * n)
+            rec[f"tpr@fpr={f:g}_ci"] = list(wilson(k, n))
+        sims = embedder.similarity(marked[name], texts) if attack != "none" else [1.0] * n
+        ev = [s for s, fl in zip(sims, flags) if not fl]
+        ppl = [p for p in perplexity_of(model, tok, texts) if p == p]
+        rec.update({"similarity": statistics.fmean(sims), "similarity_evaded": statistics.fmean(ev) if ev else None,
+                    "n_evaded": len(ev), "ppl_median": statistics.median(ppl) if ppl else None,
+                    "self_bleu": self_bleu(texts), "mean_score": statistics.fmean(d.score for d in dets),
+                    "mean_tokens": statistics.fmean(len(ids_of(t)) for t in texts), **(extra or {}),
+                    "example": texts[0][:300]})
+        state["records"] = [r for r in state["records"] if not (r["scheme"] == name and r["attack"] == attack)]
+        state["records"].append(rec)
+        outputs[(name, attack)] = texts
+        print(f"  {name} {attack:12s} evade={rec['evasion_rate']:.2f} tpr@1%={m['tpr@fpr=0.01']:.2f} "
+              f"auroc={m['auroc']:.2f} sim={rec['similarity']:.2f} ppl={rec['ppl_median']} "
+              f"sbleu={rec['self_bleu']:.3f}", file=sys.stderr)
+
+    def ctx_for(name, bira=None):
+        scheme = schemes[name]
+        dec = DecodeConfig(**{**decode.__dict__, "no_repeat_ngram_size": 0})
+        if hasattr(scheme.config, "temperature"):
+            dec.temperature = scheme.config.temperature
+        return AttackContext(paraphraser=para, bira=bira or BiraConfig(), seed=args.seed, generator=model,
+                             generator_tokenizer=tok, scheme=scheme, decode=dec, prompts=prompt_texts)
+
+    def generate(name):
+        scheme = schemes[name]
+        dec = DecodeConfig(**{**decode.__dict__})
+        if hasattr(scheme.config, "temperature"):
+            dec.temperature = scheme.config.temperature
+        marked[name] = [tok.decode(o, skip_special_tokens=True) for o in
+                        generate_ids(model, tok, prompt_ids, [scheme.processor()], dec, **scheme_decoding(scheme))]
+        score(name, "none", marked[name])
+
+    def attack(name, attack_name):
+        if name not in marked:
+            state["skipped"].append(f"{name}/{attack_name} (no watermarked texts)")
+            return
+        extra = {}
+        if attack_name in ("bira-cal", "bira-4"):
+            beta0 = -4.0 if attack_name == "bira-4" else calibration()
+            res = REG.get("bira")(marked[name], ctx_for(name, BiraConfig(beta0, 1.0, 0, 0.0)))
+            extra["beta0"] = beta0
+        else:
+            res = REG.get(attack_name)(marked[name], ctx_for(name))
+        texts = [r["attacked_text"] or " " for r in res]
+        if "degenerated" in res[0]:
+            extra.update({"degenerate_rate": statistics.fmean(r["degenerated"] for r in res),
+                          "mean_attempts": statistics.fmean(r["iterations"] for r in res),
+                          "mean_beta_final": statistics.fmean(r["beta_final"] for r in res)})
+        score(name, attack_name, texts, extra)
+
+    def calibration() -> float:
+        if state["calibration"] is not None:
+            return state["calibration"]["beta0"]
+        settings = {"texts": args.calib_texts, "source": beta_cache.CALIB_SOURCE, "grid": list(beta_cache.GRID),
+                    "temperature": 0.7, "top_p": 0.9, "percentile": 0.0, "aux_model": None, "seed": args.seed,
+                    "rule": "wilson-vs-beta0"}
+
+        def measure():   # as llmtool.evade.cli._calibrated_beta0
+            crow = austen_prompts(args.calib_texts, source=beta_cache.CALIB_SOURCE, seed=args.seed)
+            texts = [r["prompt"] + " " + r["human_text"] for r in crow]
+            sets = [suppression_set(model, tok, t, 0.0) for t in texts]
+            lengths = [para.source_length(t) for t in texts]
+            return calibrate_beta(lambda beta: para.rewrite_ids(texts, sets, [beta] * len(texts), seed=args.seed),
+                                  lengths, beta_cache.GRID)
+
+        t0 = time.time()
+        beta0, entry = beta_cache.calibrated_beta0(resolve_model(args.model), settings, measure, fallback=-4.0)
+        state["calibration"] = {"beta0": beta0, "cached": entry["cached"], "note": entry["note"],
+                                "curve": entry["curve"], "texts": args.calib_texts, "seconds": round(time.time() - t0, 1)}
+        flush()
+        return beta0
+
+    cheap = [a for a in args.attacks if a in ("word-delete", "synonym")]
+    costly = [a for a in args.attacks if a not in ("none", "word-delete", "synonym")]
+    bira4 = set(args.bira4_schemes or args.schemes)
+    for name in args.schemes:
+        run_stage(f"{name}/negatives", lambda name=name: negatives(name))
+    plan = []
+    if args.order == "stage":
+        for name in args.schemes:
+            plan += [(f"{name}/generate", name, None)] + [(f"{name}/{a}", name, a) for a in cheap]
+        for name in args.schemes:
+            plan += [(f"{name}/{a}", name, a) for a in costly if a != "bira-4" or name in bira4]
+    else:
+        for name in args.schemes:
+            plan += [(f"{name}/generate", name, None)] + [(f"{name}/{a}", name, a) for a in cheap + costly
+                                                          if a != "bira-4" or name in bira4]
+    for label, name, a in plan:
+        run_stage(label, (lambda name=name: generate(name)) if a is None else (lambda name=name, a=a: attack(name, a)))
+    flush()
     return 0
 
 
-def write_results(args, argv, records, t_start) -> None:
-    """Aggregate over seeds (mean; sd when more than one seed) and write JSON + markdown."""
+def write_results(args, argv, state, t_start) -> None:
     from llmtool.core.console import markdown_table
 
-    done = [s for s in args.schemes if any(r["scheme"] == s for r in records)]
-    rows = []
-    keys = ["detect_rate", "asr", "tpr@fpr=0.01", "tpr@fpr=0.1", "auroc", "f1_best", "mean_score", "similarity",
-            "ppl_median", "mean_tokens"]
-    for name in done:
-        for attack in ["unwatermarked-gen"] + args.attacks:
-            group = [r for r in records if r["scheme"] == name and r["attack"] == attack]
-            if not group:
-                continue
-            row = {"scheme": name, "attack": attack}
-            for k in keys:
-                vals = [g[k] for g in group]
-                row[k] = statistics.fmean(vals)
-                if len(vals) > 1:
-                    row[k + "_sd"] = statistics.stdev(vals)
-            if "degenerate_rate" in group[0]:
-                row["degenerate_rate"] = statistics.fmean(g["degenerate_rate"] for g in group)
-                row["mean_attempts"] = statistics.fmean(g["mean_attempts"] for g in group)
-            rows.append(row)
+    recs = state["records"]
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    meta = {"model": args.model, "n": args.n, "max_new_tokens": args.max_new_tokens, "seeds": args.seeds,
-            "beta0": args.beta0, "eta": 1.0, "percentile": args.percentile, "negatives": "human Austen continuations",
-            "fpr_note": f"with {args.n} negatives, FPR 1% and 10% thresholds are the "
-                        f"{1 + int(0.01 * args.n)}-th and {1 + int(0.1 * args.n)}-th largest human score",
-            "seconds_total": time.time() - t_start, "torch_threads": args.threads, "schemes_done": done}
-    out.with_suffix(".json").write_text(json.dumps({"meta": meta, "summary": rows, "runs": records}, indent=2))
-    cols = ["scheme", "attack", "detect_rate", "tpr@fpr=0.01", "tpr@fpr=0.1", "auroc", "mean_score", "similarity",
-            "ppl_median", "degenerate_rate", "mean_attempts"]
-    table = markdown_table(rows, cols)
+    n_neg = args.n_neg
+    meta = {"model": args.model, "n": args.n, "n_neg": n_neg, "max_new_tokens": args.max_new_tokens,
+            "seed": args.seed, "schemes": args.schemes, "attacks": args.attacks, "bira_eta": 1.0,
+            "bira_percentile": 0.0, "negatives": "human continuations of austen-test paragraphs",
+            "fpr_note": f"with {n_neg} negatives, FPR 1% and 10% thresholds are the {1 + int(0.01 * n_neg)}-th and "
+                        f"{1 + int(0.1 * n_neg)}-th largest human score",
+            "intervals": "Wilson 95% over the n watermarked texts",
+            "similarity_at_matched_detection": "similarity_evaded = mean S-BERT similarity over the texts the "
+                                               "attack evades (not flagged at the fixed threshold)",
+            "nli": "not measured: no NLI model available offline",
+            "fpr_at_fixed_threshold": state["fpr_fixed"],
+            "calibration": state["calibration"], "skipped": state["skipped"],
+            "stage_seconds": state["stage_seconds"], "seconds_total": round(time.time() - t_start, 1),
+            "torch_threads": args.threads, "batch_size": args.batch_size}
+    out.with_suffix(".json").write_text(json.dumps({"meta": meta, "summary": recs,
+                                                    "negative_scores": state["negatives"]}, indent=2))
+
+    def ci(r, key):
+        lo, hi = r[key]
+        return f"[{lo:.2f}, {hi:.2f}]"
+
+    rows = []
+    for r in recs:
+        rows.append({"scheme": r["scheme"], "attack": r["attack"] + (f" (b0 {r['beta0']:g})" if "beta0" in r else ""),
+                     "n": r["n_pos"], "evasion": round(r["evasion_rate"], 3), "evasion 95% CI": ci(r, "evasion_ci"),
+                     "TPR@1%": round(r["tpr@fpr=0.01"], 3), "TPR@1% CI": ci(r, "tpr@fpr=0.01_ci"),
+                     "TPR@10%": round(r["tpr@fpr=0.1"], 3), "TPR@10% CI": ci(r, "tpr@fpr=0.1_ci"),
+                     "AUROC": round(r["auroc"], 3), "sim": round(r["similarity"], 3),
+                     "sim (evaded)": "" if r["similarity_evaded"] is None else
+                     f"{r['similarity_evaded']:.3f} (n={r['n_evaded']})",
+                     "ppl": None if r["ppl_median"] is None else round(r["ppl_median"], 1),
+                     "self-BLEU": round(r["self_bleu"], 3), "degen": r.get("degenerate_rate"),
+                     "attempts": r.get("mean_attempts")})
+    cols = ["scheme", "attack", "n", "evasion", "evasion 95% CI", "TPR@1%", "TPR@1% CI", "TPR@10%", "TPR@10% CI",
+            "AUROC", "sim", "sim (evaded)", "ppl", "self-BLEU", "degen", "attempts"]
+    table = markdown_table(rows, cols) if rows else "(no results)"
+    cal = state["calibration"]
+    cal_txt = "not run (skipped)" if cal is None else (
+        f"beta0 = {cal['beta0']:g} ({cal['note']}; {cal['texts']} texts; "
+        + ", ".join(f"beta {c['beta']:g}: {c['degenerate_rate']:.0%} degenerate" for c in cal["curve"]) + ")")
+    fpr_txt = "; ".join(f"{k} {v['flagged']}/{v['n_neg']} = {v['fpr']:.3f} [{v['ci'][0]:.3f}, {v['ci'][1]:.3f}]"
+                        for k, v in state["fpr_fixed"].items())
     cmd = "python benchmarks/evade.py " + " ".join(argv if argv is not None else sys.argv[1:])
+    skipped = ", ".join(state["skipped"]) or "none"
     out.with_suffix(".md").write_text(
         f"# evade benchmark\n\nCommand: `{cmd.strip()}`\n\n"
-        f"Model {args.model} (generator, paraphraser and aux LM), {args.n} Austen prompts x {args.max_new_tokens} "
-        f"new tokens, seeds {args.seeds}, BIRA beta0 {args.beta0}, eta 1, q {args.percentile}. detect_rate = "
-        f"fraction flagged at the scheme's fixed threshold (1 - ASR); TPR thresholds from human continuations. "
-        f"mean_score: z (kgw/unigram/dip) or p-value (exp). Total {meta['seconds_total'] / 60:.1f} min.\n\n"
-        + table + "\n")
+        f"Model {args.model} (generator, paraphraser and aux LM); {args.n} watermarked texts per scheme "
+        f"(austen-test prompts of 30 words, {args.max_new_tokens} new tokens); {n_neg} human negatives per scheme "
+        f"(the continuations of the austen-test paragraphs), thresholds for TPR@FPR from them ({meta['fpr_note']}). "
+        f"evasion = 1 - detect rate at the scheme's fixed threshold; all intervals Wilson 95 % over the n texts. "
+        f"sim = mean all-MiniLM-L6-v2 cosine to the watermarked text; sim (evaded) = the same over the texts the "
+        f"attack evades (similarity at matched detection outcome); ppl = median perplexity under the unwatermarked "
+        f"model; self-BLEU = mean sacrebleu BLEU-4 of each output against the other outputs (lower = more "
+        f"diverse). NLI entailment: not measured (no NLI model available offline).\n\n"
+        f"False-positive rate of the fixed thresholds on the human negatives (Wilson 95 %): {fpr_txt}.\n\n"
+        f"BIRA calibration (llmtool.evade.bira.calibrate_beta, beta = 0 baseline rule, via "
+        f"beta_cache.calibrated_beta0): {cal_txt}.\n\n"
+        f"Stages skipped (not started before --stop-at): {skipped}.\n\n"
+        f"Total {meta['seconds_total'] / 60:.1f} min, {args.threads} torch threads.\n\n" + table + "\n")
     print(table)
 
 
