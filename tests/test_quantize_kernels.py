@@ -118,14 +118,17 @@ def test_low_bit_activation_product_is_the_float_reference_exactly(w_bits, a_bit
     assert q.cache_bytes() == q.in_features * q.out_features          # int8 codes, no float32 copy
 
 
-@pytest.mark.parametrize("w_bits", [4, 8])
-def test_weight_only_cpu_kernels_match_the_dequantized_product(w_bits):
+@pytest.mark.parametrize("w_bits", [3, 4, 8])
+def test_weight_only_products_match_the_dequantized_product(w_bits):
     q, x = _qlinear(w_bits, 16)
     ref = x @ q.dequantized_weight(torch.float32).T
-    y = q(x)
-    assert torch.allclose(y, ref, rtol=1e-5, atol=1e-5), (y - ref).abs().max()
-    per_weight = q.cache_bytes() / (q.in_features * q.out_features)
-    assert 0 < per_weight <= (0.7 if w_bits == 4 else 1.0), per_weight   # int4: 0.5 B codes + group scales
+    assert torch.allclose(q(x), ref, rtol=1e-5, atol=1e-6)
+    assert q.cache_bytes() == q.in_features * q.out_features        # int8 codes only, no float copy
+    if w_bits == 4:          # bf16 activations: torch's int4 weight-only kernel, same product up to bf16 rounding
+        yb = q(x.bfloat16()).float()
+        ref_b = x.bfloat16().float() @ q.dequantized_weight(torch.float32).T
+        assert torch.allclose(yb, ref_b, rtol=2e-2, atol=2e-2), (yb - ref_b).abs().max()
+        assert q.cache_bytes() <= 1.7 * q.in_features * q.out_features      # + 0.5 B packed int4 + group scales
     # the cache follows the codes: new codes give new results
     q.set_quantized(torch.full((q.out_features, q.in_features), 2 ** (w_bits - 1) + 1, dtype=torch.uint8),
                     q.weight_scale.float(), w_bits)

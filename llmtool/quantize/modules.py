@@ -3,14 +3,14 @@
 * :class:`QuantLinear` — a block Linear: optional online Hadamard on its input (down_proj), dynamic
   per-token activation quantization, and packed low-bit integer weights with per-channel scales
   (buffers ``weight_packed``/``weight_scale``/``weight_shape``, compressed-tensors naming). At 16 bits
-  it holds a plain ``weight``. Quantized products, without any float copy of the weights:
-  W4A4 on CUDA through the triton kernel :func:`kernels.w4a4_matmul.w4a4_matmul`; low-bit activations
-  (A≤7) elsewhere through ``torch._int_mm`` on int8 codes (integer accumulation: the same numbers as the
-  float reference, whose partial sums stay below 2^24); W4A16 on the CPU through torch's int4 weight-only
-  kernel (``_weight_int4pack_mm_for_cpu``, per-channel scales repeated over groups of 64/128/256 columns,
-  so the product is the same ``scale · q``); W8A16 on the CPU through ``_weight_int8pack_mm``; other
-  cases dequantize per call (transient). The packed kernel operands are caches built on first use
-  (``cache_bytes()``), never saved.
+  it holds a plain ``weight``. No float copy of the weights is kept: W4A4 on CUDA goes through the triton
+  kernel :func:`kernels.w4a4_matmul.w4a4_matmul`; elsewhere the signed codes are cached as int8 (1 byte
+  per weight, built on first use, never saved; ``cache_bytes()``) and widened per call: low-bit
+  activations (A≤7) multiply their integer codes by them in float32 (the integer sum, exact), weight-only
+  settings dequantize them transiently. With bfloat16 activations on the CPU, W4A16 uses torch's int4
+  weight-only kernel (``_weight_int4pack_mm_for_cpu``; llmtool's per-channel scales repeated over column
+  groups of 64–256). torch's integer GEMMs (``_int_mm``, ``_weight_int8pack_mm``) and the int4 kernel with
+  float32 activations were measured 2–20x slower than this on an AVX2 CPU, so they are not used.
 * :class:`LowRankTransition` — the ReSpinQuant residual basis change ``h ↦ h + (h Q) M Qᵀ``.
 * :class:`DenseTransition` — ``h ↦ h T`` (exact; used while learning rotations).
 * :func:`install_transitions` swaps a decoder layer's class for a subclass whose forward applies the
@@ -125,25 +125,20 @@ class QuantLinear(nn.Module):
         xc, xs, xz = quantize_per_token(x2, self.a_bits, self.a_symmetric, self.a_clip_ratio)
         if self.w_bits == 4 and use_triton(xc, self.weight_packed):
             return w4a4_matmul(xc, xs, xz, self.weight_packed, self.weight_scale, weight_zero(4))
-        xq = (xc.to(torch.int16) - xz.to(torch.int16)).to(torch.int8)     # |code − zero| <= 127 for A<=7
-        wq = self._int8_codes()
-        if xq.is_cuda:       # no triton: torch._int_mm's CUDA shape limits make a float product simpler
-            acc = xq.float() @ wq.float().T
-        else:
-            acc = torch._int_mm(xq, wq.T).float()
+        # integer sums computed in float32 (exact: |partial sums| < 2^24 for A<=7, W<=8 at these widths) from
+        # the int8 codes; the float operand is transient. torch._int_mm would be the integer GEMM, but on
+        # AVX2 CPUs it is 2-20x slower than this (benchmarks/quantize_inference.py notes)
+        acc = (xc.float() - xz) @ self._int8_codes().float().T
         return acc * xs.float() * self.weight_scale.float().reshape(1, -1)
 
     def _weight_only_product(self, x2: torch.Tensor) -> torch.Tensor:
-        if not x2.is_cuda:
+        if x2.dtype == torch.bfloat16 and not x2.is_cuda:
             op = self._int4pack() if self.w_bits == 4 else None
-            xf = x2 if x2.dtype in (torch.float32, torch.bfloat16) else x2.float()
-            if op is not None:
+            if op is not None:      # torch's int4 weight-only CPU kernel (fast with bf16 activations)
                 packed, group, sz = op
-                return torch.ops.aten._weight_int4pack_mm_for_cpu(xf.contiguous(), packed, group, sz.to(xf.dtype))
-            if self.w_bits == 8 and hasattr(torch.ops.aten, "_weight_int8pack_mm"):
-                return torch.ops.aten._weight_int8pack_mm(xf.contiguous(), self._int8_codes(),
-                                                          self.weight_scale.to(xf.dtype).reshape(-1))
-        return F.linear(x2.float(), self.dequantized_weight(torch.float32))
+                return torch.ops.aten._weight_int4pack_mm_for_cpu(x2.contiguous(), packed, group, sz.to(x2.dtype))
+        w = self._int8_codes().to(torch.float32) * self.weight_scale.float()          # transient
+        return F.linear(x2.float(), w)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.online_hadamard:
