@@ -148,9 +148,9 @@ def test_files_are_the_same_with_and_without_the_library(native, tmp_path, monke
 @pytest.mark.parametrize("name", list(SETTINGS))
 def test_transformers_loads_the_export_with_llmtool_logits(native, tmp_path, name):
     """transformers + compressed-tensors reconstruct llmtool's dequantized weights bitwise, and the model it
-    loads gives llmtool.load's logits (exactly for weight-only and for asymmetric W8A8, whose dynamic
-    per-token quantizers agree; symmetric W8A8 differs: compressed-tensors divides max|x| by 127.5,
-    llmtool and vLLM by 127)."""
+    loads gives llmtool.load's logits: exactly for weight-only settings; at W8A8 compressed-tensors runs its
+    own dynamic activation quantizer (see the next test), close but not bitwise (on this tiny model the
+    asymmetric one happens to flip no code, symmetric divides max|x| by 127.5 where llmtool uses 127)."""
     pytest.importorskip("compressed_tensors")
     from transformers import AutoModelForCausalLM, CompressedTensorsConfig
 
@@ -163,6 +163,8 @@ def test_transformers_loads_the_export_with_llmtool_logits(native, tmp_path, nam
     diff = (_logits(loaded) - _logits(ours)).abs().max().item()
     if name == "rtn-w8a8-sym":
         assert 0 < diff < 0.1, diff
+    elif name == "rtn-w8a8":
+        assert diff < 1e-2, diff
     else:
         assert diff <= 1e-5, diff
     dense = AutoModelForCausalLM.from_pretrained(tmp_path / "ct", local_files_only=True,
@@ -170,6 +172,37 @@ def test_transformers_loads_the_export_with_llmtool_logits(native, tmp_path, nam
     weights = dict(dense.named_parameters())
     for mod, want in _llmtool_weights(src).items():
         assert torch.equal(weights[f"{mod}.weight"].detach(), want), mod
+
+
+def test_w8a8_activation_quantizers_agree_up_to_rare_flips():
+    """Asymmetric per-token int8: the same scale ((max − min)/255) and zero point in compressed-tensors and
+    llmtool; compressed-tensors rounds x/s + z after adding z in float32, so an element within float32
+    precision of a rounding boundary may land one code away (about 1 in 4e5 on SmolLM2's activations; the
+    flips then compound through the layers: +0.2% perplexity, benchmarks/results/export_check.md).
+    Symmetric: compressed-tensors' scale is max|x|/127.5, llmtool's (and vLLM's) max|x|/127."""
+    pytest.importorskip("compressed_tensors")
+    from compressed_tensors.quantization import QuantizationArgs
+    from compressed_tensors.quantization.lifecycle.forward import fake_quantize
+    from compressed_tensors.quantization.utils import compute_dynamic_scales_and_zp
+
+    from llmtool.kernels.quant import fake_quant_per_token
+
+    g = torch.Generator().manual_seed(0)
+    x = (torch.randn(64, 32, 384, generator=g) * torch.rand(64, 32, 1, generator=g) * 4
+         + torch.randn(64, 32, 1, generator=g))
+    for sym in (False, True):
+        args = QuantizationArgs(num_bits=8, type="int", symmetric=sym, strategy="token", dynamic=True)
+        scale, zero = compute_dynamic_scales_and_zp(x, args, None)
+        theirs = fake_quantize(x, scale, zero, args)
+        ours = fake_quant_per_token(x.reshape(-1, 384), 8, sym, 1.0).reshape(x.shape)
+        differ = ours != theirs
+        if not sym:
+            assert differ.float().mean() < 1e-4
+            step = scale.expand_as(x)[differ]
+            torch.testing.assert_close((ours - theirs).abs()[differ], step, rtol=1e-5, atol=0)
+        else:
+            assert differ.float().mean() > 0.1
+            torch.testing.assert_close(scale.flatten() * 127.5 / 127, x.abs().amax(-1).flatten() / 127)
 
 
 def test_quantize_export_writes_what_models_export_writes(native, tiny96, tmp_path):

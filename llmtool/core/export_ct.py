@@ -34,10 +34,12 @@ without the rotation and silently compute something else; ReSpinQuant's residual
 quantization (with its head-dim Hadamard on Q and K); activation quantization other than W8A8 or with a
 clip ratio below 1 (compressed-tensors' dynamic quantizer has no clip); unquantized weights (W16).
 
-Activation quantization at W8A8: for asymmetric activations (llmtool's default) compressed-tensors'
-dynamic per-token quantizer computes the same scale ((max − min)/255), zero point and rounding as
-llmtool's; for symmetric ones it divides max|x| by 127.5 where llmtool (and vLLM's int8 kernel) divide
-by 127, so a transformers-loaded model differs slightly (benchmarks/results/export_check.md).
+Activation quantization at W8A8 is the loader's own: for asymmetric activations (llmtool's default)
+compressed-tensors' dynamic per-token quantizer computes the same scale ((max − min)/255) and zero point,
+but rounds x/s + z after adding z in float32, so an element within float32 precision of a rounding boundary
+lands one code away (about 1 in 4·10^5 on SmolLM2); for symmetric ones it divides max|x| by 127.5 where
+llmtool (and vLLM's int8 kernel) divide by 127. The flips compound through the layers: transformers'
+perplexity differs by 0.1–0.2% (benchmarks/results/export_check.md); the weights are identical.
 """
 from __future__ import annotations
 
