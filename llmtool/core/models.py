@@ -94,6 +94,10 @@ def load_model(model, dtype=None, device=None, check: bool = True):
         m, info = AutoModelForCausalLM.from_pretrained(path, dtype=torch_dtype, local_files_only=True,
                                                        trust_remote_code=False, use_safetensors=True,
                                                        output_loading_info=True)
+    except ImportError as e:           # e.g. a compressed-tensors export without the compressed-tensors package
+        quant = (config.get("quantization_config") or {}).get("quant_method")
+        hint = f" (pip install 'llmtool[export]' for {quant} checkpoints)" if quant == "compressed-tensors" else ""
+        raise UsageError(f"{path}: cannot load model: {str(e).splitlines()[0][:200]}{hint}") from None
     except (OSError, ValueError, KeyError, RuntimeError) as e:
         raise UsageError(f"{path}: cannot load model ({str(e).splitlines()[0][:200]})") from None
     missing = sorted(info.get("missing_keys") or [])
