@@ -58,7 +58,7 @@ class BiraAttack(VanillaAttack):
 
     def validate(self) -> None:
         super().validate()
-        if self.beta_step == 0 and self.max_iter != 1 and self.beta0 is not None:
+        if self.beta_step == 0 and self.max_iter != 1:
             raise UsageError("--beta-step 0 never relaxes the bias; give --max-iter 1 or a positive step")
 
 
