@@ -82,7 +82,7 @@ def main(argv=None) -> int:
     from llmtool.core.preflight import resolve_model
     from llmtool.evade import beta_cache
     from llmtool.evade.attacks import ATTACKS as REG, AttackContext
-    from llmtool.evade.bira import BiraConfig, calibrate_beta, suppression_set
+    from llmtool.evade.bira import BiraConfig
     from llmtool.evade.generation import DecodeConfig, generate_ids, scheme_decoding
     from llmtool.evade.metrics import detection_metrics, perplexity_of
     from llmtool.evade.paraphrase import Paraphraser
@@ -207,20 +207,10 @@ def main(argv=None) -> int:
     def calibration() -> float:
         if state["calibration"] is not None:
             return state["calibration"]["beta0"]
-        settings = {"texts": args.calib_texts, "source": beta_cache.CALIB_SOURCE, "grid": list(beta_cache.GRID),
-                    "temperature": 0.7, "top_p": 0.9, "percentile": 0.0, "aux_model": None, "seed": args.seed,
-                    "rule": "wilson-vs-beta0"}
-
-        def measure():   # as llmtool.evade.cli._calibrated_beta0
-            crow = austen_prompts(args.calib_texts, source=beta_cache.CALIB_SOURCE, seed=args.seed)
-            texts = [r["prompt"] + " " + r["human_text"] for r in crow]
-            sets = [suppression_set(model, tok, t, 0.0) for t in texts]
-            lengths = [para.source_length(t) for t in texts]
-            return calibrate_beta(lambda beta: para.rewrite_ids(texts, sets, [beta] * len(texts), seed=args.seed),
-                                  lengths, beta_cache.GRID)
-
         t0 = time.time()
-        beta0, entry = beta_cache.calibrated_beta0(resolve_model(args.model), settings, measure, fallback=-4.0)
+        # the library path of `evade attack --method bira` without --beta0 (same cache entry for these settings)
+        beta0, entry = beta_cache.calibrate_for_rewriter(para, resolve_model(args.model), texts=args.calib_texts,
+                                                         temperature=0.7, top_p=0.9, seed=args.seed)
         state["calibration"] = {"beta0": beta0, "cached": entry["cached"], "note": entry["note"],
                                 "curve": entry["curve"], "texts": args.calib_texts, "seconds": round(time.time() - t0, 1)}
         flush()

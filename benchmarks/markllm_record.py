@@ -43,7 +43,7 @@ V_DEFAULT = 49152  # vocabulary of the packaged default model (SmolLM2)
 
 # ---- inputs shared with the test (pure integer/float64 arithmetic, identical on every machine) ----
 
-def test_logits(vocab: int, salt: int) -> np.ndarray:
+def reference_logits(vocab: int, salt: int) -> np.ndarray:
     """A deterministic float32 logit vector with a few dominant tokens (same function in the test)."""
     i = np.arange(vocab, dtype=np.int64)
     x = ((i * 2654435761 + salt * 40503) % 1000003) / 1000003.0
@@ -126,7 +126,7 @@ def record_exp(torch, EXPUtils, scipy_stats) -> list[dict]:
         seqs = [token_sequence(vocab, 40, 4)]
         chosen_seq = token_sequence(vocab, prefix, 5)  # a watermarked sequence: MarkLLM's own choices
         for t in range(30):
-            probs = torch.softmax(torch.from_numpy(test_logits(vocab, 100 + t))[None] / cfg.temperature, dim=-1)
+            probs = torch.softmax(torch.from_numpy(reference_logits(vocab, 100 + t))[None] / cfg.temperature, dim=-1)
             chosen_seq.append(int(utils.exp_sampling(probs, uniforms(chosen_seq))[0, 0]))
         seqs.append(chosen_seq)
         for s in seqs:
@@ -144,7 +144,7 @@ def record_exp(torch, EXPUtils, scipy_stats) -> list[dict]:
         choices = []
         for salt in (7, 8, 9):
             ctx = token_sequence(vocab, prefix, salt)
-            probs = torch.softmax(torch.from_numpy(test_logits(vocab, salt))[None] / cfg.temperature, dim=-1)
+            probs = torch.softmax(torch.from_numpy(reference_logits(vocab, salt))[None] / cfg.temperature, dim=-1)
             choices.append({"context": ctx, "logits_salt": salt,
                             "token": int(utils.exp_sampling(probs, uniforms(ctx))[0, 0])})
         out.append({"config": {"vocab_size": vocab, "prefix_length": prefix, "key": key, "temperature": 0.7},
@@ -187,7 +187,7 @@ def record_dip(torch, DIPUtils, DIPLogitsProcessor) -> list[dict]:
         seq = token_sequence(vocab, prefix + 1, 11) * 2
         rows = [seq[:prefix + k] for k in range(prefix + 3)]
         for k, row in enumerate(rows):
-            logits = torch.from_numpy(test_logits(vocab, 20 + k))[None]
+            logits = torch.from_numpy(reference_logits(vocab, 20 + k))[None]
             q = torch.softmax(proc(torch.tensor([row]), logits.clone()).double(), dim=-1)[0].numpy()
             rec = {"row": row, "logits_salt": 20 + k, "zeros": int((q == 0).sum())}
             if small:
@@ -243,7 +243,7 @@ def main(argv=None) -> int:
     ref = {
         "source": "MarkLLM (github THU-BPM/MarkLLM @112fa74), recorded by benchmarks/markllm_record.py",
         "torch": torch.__version__.split("+")[0], "numpy": np.__version__, "python": platform.python_version(),
-        "logits_check": [{"vocab_size": v, "salt": 7, "sha256": f32_digest(test_logits(v, 7))} for v in (1000, V_DEFAULT)],
+        "logits_check": [{"vocab_size": v, "salt": 7, "sha256": f32_digest(reference_logits(v, 7))} for v in (1000, V_DEFAULT)],
         "kgw": record_kgw(torch, KGWUtils),
         "unigram": record_unigram(torch, UnigramUtils),
         "exp": record_exp(torch, EXPUtils, scipy.stats),

@@ -18,7 +18,7 @@ REF = json.loads((Path(__file__).parent / "data" / "markllm_reference.json").rea
 COMPAT = {"markllm_compat": True}
 
 
-def test_logits(vocab: int, salt: int) -> np.ndarray:
+def reference_logits(vocab: int, salt: int) -> np.ndarray:
     """Same function as in benchmarks/markllm_record.py (checked against the recorded digests)."""
     i = np.arange(vocab, dtype=np.int64)
     x = ((i * 2654435761 + salt * 40503) % 1000003) / 1000003.0
@@ -28,7 +28,6 @@ def test_logits(vocab: int, salt: int) -> np.ndarray:
     return logits.astype(np.float32)
 
 
-test_logits.__test__ = False  # a helper, not a test
 
 
 def id_record(ids) -> dict:
@@ -40,7 +39,7 @@ def id_record(ids) -> dict:
 def test_reference_inputs_are_reproduced():
     assert REF["kgw"] and REF["unigram"] and REF["exp"] and REF["dip"]
     for check in REF["logits_check"]:
-        got = hashlib.sha256(test_logits(check["vocab_size"], check["salt"]).astype("<f4").tobytes()).hexdigest()
+        got = hashlib.sha256(reference_logits(check["vocab_size"], check["salt"]).astype("<f4").tobytes()).hexdigest()
         assert got == check["sha256"]
 
 
@@ -80,7 +79,7 @@ def test_exp_uniforms_choices_and_pvalues(case):
         assert default.uniforms(u["context"])[:64].tolist() != u["first64"]
     proc = compat.processor()
     for ch in case["choices"]:
-        scores = torch.from_numpy(test_logits(c["vocab_size"], ch["logits_salt"]))[None]
+        scores = torch.from_numpy(reference_logits(c["vocab_size"], ch["logits_salt"]))[None]
         out = proc(torch.tensor([ch["context"]]), scores.clone())
         assert int(torch.argmax(out[0])) == ch["token"]
         assert torch.isinf(out).sum() == c["vocab_size"] - 1
@@ -113,7 +112,7 @@ def test_dip_permutations_reweighting_and_scores(case):
     plain = default.processor()
     differs = False
     for step in case["reweight"]:
-        scores = torch.from_numpy(test_logits(V, step["logits_salt"]))[None]
+        scores = torch.from_numpy(reference_logits(V, step["logits_salt"]))[None]
         ids = torch.tensor([step["row"]])
         q = torch.softmax(proc(ids, scores.clone()).double(), dim=-1)[0].numpy()
         assert int((q == 0).sum()) == step["zeros"]

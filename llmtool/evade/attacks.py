@@ -42,18 +42,26 @@ def _decode(tok, ids):
     return tok.decode(ids, skip_special_tokens=True).strip()
 
 
-@ATTACKS.register("bira")
-def attack_bira(texts: list[str], ctx: AttackContext) -> list[dict]:
+def suppression_sets(texts: list[str], para, aux_model=None, aux_tokenizer=None, percentile: float = 0.0) -> list[list[int]]:
+    """BIRA's suppression set of each text in the paraphraser's vocabulary (surprisal under ``aux_model``,
+    default the paraphraser; carried across tokenizers when the auxiliary LM's differs)."""
     from llmtool.core.console import progress
 
-    para = ctx.paraphraser
-    aux_model = ctx.aux_model or para.model
-    aux_tok = ctx.aux_tokenizer or para.tokenizer
+    aux_model = aux_model or para.model
+    aux_tok = aux_tokenizer or para.tokenizer
     same_tok = aux_tok is para.tokenizer or aux_tok.get_vocab() == para.tokenizer.get_vocab()
     sets = []
     for text in progress(texts, "suppression sets"):
-        s = suppression_set(aux_model, aux_tok, text, ctx.bira.percentile)
+        s = suppression_set(aux_model, aux_tok, text, percentile)
         sets.append(s if same_tok else map_to_tokenizer(s, aux_tok, para.tokenizer, limit=None))
+    return sets
+
+
+@ATTACKS.register("bira")
+def attack_bira(texts: list[str], ctx: AttackContext) -> list[dict]:
+
+    para = ctx.paraphraser
+    sets = suppression_sets(texts, para, ctx.aux_model, ctx.aux_tokenizer, ctx.bira.percentile)
     lengths = [para.source_length(t) for t in texts]
     pass_no = [0]
 

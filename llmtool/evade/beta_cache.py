@@ -87,3 +87,28 @@ def calibrated_beta0(model_dir: Path, settings: dict, measure: Callable[[], tupl
     entry = {"beta0": float(beta0), "curve": curve, "note": note, "rewriter": str(model_dir), **settings}
     store(key, entry)
     return float(beta0), {**entry, "cached": False}
+
+
+def calibrate_for_rewriter(para, model_dir: Path, *, texts: int, temperature: float, top_p: float, seed: int,
+                           percentile: float = 0.0, aux_name: str | None = None, aux_model=None, aux_tokenizer=None,
+                           announce: Callable[[], None] | None = None) -> tuple[float, dict]:
+    """beta0 of the rewriter ``para`` (a :class:`llmtool.evade.paraphrase.Paraphraser` loaded from
+    ``model_dir``): cached, or measured on ``texts`` held-out Austen texts with
+    :func:`llmtool.evade.bira.calibrate_beta` (``announce`` is called before a measurement)."""
+    settings = {"texts": texts, "source": CALIB_SOURCE, "grid": list(GRID), "temperature": temperature,
+                "top_p": top_p, "percentile": percentile, "aux_model": aux_name, "seed": seed,
+                "rule": "wilson-vs-beta0"}
+
+    def measure():
+        from llmtool.evade.attacks import suppression_sets
+        from llmtool.evade.bira import calibrate_beta
+        from llmtool.evade.prompts import austen_prompts
+
+        if announce is not None:
+            announce()
+        docs = [r["prompt"] + " " + r["human_text"] for r in austen_prompts(texts, source=CALIB_SOURCE, seed=seed)]
+        sets = suppression_sets(docs, para, aux_model, aux_tokenizer, percentile)
+        lengths = [para.source_length(t) for t in docs]
+        return calibrate_beta(lambda beta: para.rewrite_ids(docs, sets, [beta] * len(docs), seed=seed), lengths, GRID)
+
+    return calibrated_beta0(model_dir, settings, measure, fallback=-4.0)

@@ -306,30 +306,13 @@ def _calibrated_beta0(config, ctx) -> tuple[float, dict]:
     """beta0 measured for this rewriter on held-out Austen (cached per rewriter; see evade.beta_cache)."""
     from llmtool.core.preflight import resolve_model
     from llmtool.evade import beta_cache
-    from llmtool.evade.bira import calibrate_beta, suppression_set
-    from llmtool.evade.prompts import austen_prompts
 
-    para = ctx.paraphraser
-    aux_model, aux_tok = (ctx.aux_model, ctx.aux_tokenizer) if ctx.aux_model is not None else (para.model, para.tokenizer)
-    settings = {"texts": config.calib_texts, "source": beta_cache.CALIB_SOURCE, "grid": list(beta_cache.GRID),
-                "temperature": config.temperature, "top_p": config.top_p, "percentile": config.percentile,
-                "aux_model": config.aux_model, "seed": OPTIONS.seed, "rule": "wilson-vs-beta0"}
-
-    def measure():
-        info(f"calibrating beta0 for {config.paraphraser} on {config.calib_texts} {beta_cache.CALIB_SOURCE} texts "
-             "(once per rewriter; --beta0 skips this)")
-        rows = austen_prompts(config.calib_texts, source=beta_cache.CALIB_SOURCE, seed=OPTIONS.seed)
-        texts = [r["prompt"] + " " + r["human_text"] for r in rows]
-        sets = [suppression_set(aux_model, aux_tok, t, config.percentile) for t in texts]
-        if aux_tok is not para.tokenizer and aux_tok.get_vocab() != para.tokenizer.get_vocab():
-            from llmtool.evade.bira import map_to_tokenizer
-
-            sets = [map_to_tokenizer(s_, aux_tok, para.tokenizer, limit=None) for s_ in sets]
-        lengths = [para.source_length(t) for t in texts]
-        return calibrate_beta(lambda beta: para.rewrite_ids(texts, sets, [beta] * len(texts), seed=OPTIONS.seed),
-                              lengths, beta_cache.GRID)
-
-    beta0, entry = beta_cache.calibrated_beta0(resolve_model(config.paraphraser), settings, measure, fallback=-4.0)
+    beta0, entry = beta_cache.calibrate_for_rewriter(
+        ctx.paraphraser, resolve_model(config.paraphraser), texts=config.calib_texts, temperature=config.temperature,
+        top_p=config.top_p, seed=OPTIONS.seed, percentile=config.percentile, aux_name=config.aux_model,
+        aux_model=ctx.aux_model, aux_tokenizer=ctx.aux_tokenizer,
+        announce=lambda: info(f"calibrating beta0 for {config.paraphraser} on {config.calib_texts} "
+                              f"{beta_cache.CALIB_SOURCE} texts (once per rewriter; --beta0 skips this)"))
     info(f"beta0 = {beta0:g} for this rewriter ({'cached' if entry['cached'] else entry['note']})")
     return beta0, entry
 

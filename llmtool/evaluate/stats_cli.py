@@ -375,7 +375,7 @@ def judge_sample_cmd(
     """Sample n judge ratings per pair (reasoning, then 'Final rating: <value>'; strict parse, null on failure)."""
     _judge_preflight(judge, out, (pairs,), overwrite)
     from llmtool.core.checkpoint import atomic_file
-    from llmtool.core.data import read_jsonl
+    from llmtool.core.data import read_jsonl, write_jsonl
     from llmtool.evaluate import judge_sample as S
 
     S.check_scale(scale)
@@ -388,8 +388,7 @@ def judge_sample_cmd(
                                    batch_rows=batch_rows, force_final=force_final, concurrency=concurrency,
                                    desc="judge samples")
         votes = S.sample_votes(rows, gen, n, swap, scale)
-        with open(tmp, "w", encoding="utf-8") as fh:
-            fh.writelines(json.dumps(v, ensure_ascii=False) + "\n" for v in votes)
+        write_jsonl(tmp, votes)
     summary = {"out": str(out), "judge": spec, "pairs": len(rows), "n": n, "swap": swap, "scale": scale,
                "temperature": temperature, **S.vote_summary(votes)}
     emit(summary, title="judge-sample")
@@ -419,7 +418,7 @@ def judge_self_agg_cmd(
         raise UsageError("give --judge MODEL (or --aggregator MODEL)")
     _judge_preflight(model, out, (pairs, votes), overwrite)
     from llmtool.core.checkpoint import atomic_file
-    from llmtool.core.data import read_jsonl
+    from llmtool.core.data import read_jsonl, write_jsonl
     from llmtool.evaluate import judge_sample as S
 
     S.check_scale(scale)
@@ -430,8 +429,7 @@ def judge_self_agg_cmd(
                                    batch_rows=batch_rows, force_final=force_final, concurrency=concurrency,
                                    desc="self-aggregation")
         recs = S.self_aggregate(rows, vote_rows, gen, scale, max_raw_chars, str(votes))
-        with open(tmp, "w", encoding="utf-8") as fh:
-            fh.writelines(json.dumps(r, ensure_ascii=False) + "\n" for r in recs)
+        write_jsonl(tmp, recs)
     failures = sum(r["rating"] is None for r in recs)
     summary = {"out": str(out), "aggregator": spec, "items": len(recs), "failures": failures,
                "failure_rate": failures / len(recs)}
