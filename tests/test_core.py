@@ -171,3 +171,23 @@ def test_default_model_is_coherent(smollm2_dir):
     ids = tok("The capital of France is", return_tensors="pt").input_ids
     out = model.generate(ids, max_new_tokens=4, do_sample=False)
     assert "Paris" in tok.decode(out[0, ids.shape[1]:])
+
+
+def test_tokenize_in_pieces_equals_one_piece(tiny_tokenizer, monkeypatch):
+    from conftest import TINY_TEXT
+
+    words = TINY_TEXT.split()
+    paras = [" ".join(words[i % len(words):][:20 + i % 7]) for i in range(60)]
+    text = "\n\n".join(paras) + "\n\n\nCHAPTER 2\n\n" + "\n".join(paras[:10])
+    whole = data.tokenize(tiny_tokenizer, text, chunk_chars=10**9)
+    lengths = []
+    real = data._encode
+    monkeypatch.setattr(data, "_encode", lambda tok, t: (lengths.append(len(t)), real(tok, t))[1])
+    pieces = data.tokenize(tiny_tokenizer, text, chunk_chars=500)
+    assert torch.equal(pieces, whole)
+    assert max(lengths) < len(text) // 2        # really encoded in pieces
+    # a split that changes the ids (here: every piece gets a leading marker) falls back to one piece
+    lengths.clear()
+    monkeypatch.setattr(data, "_encode", lambda tok, t: (lengths.append(len(t)), [7] + real(tok, t))[1])
+    assert data.tokenize(tiny_tokenizer, text, chunk_chars=500).numel() == whole.numel() + 1
+    assert lengths[-1] == len(text)

@@ -35,6 +35,10 @@ def compress(
     calib_seqlen: CalibSeqlen = 512,
     batch_size: Annotated[int, typer.Option("--batch-size", min=1, help="Calibration sequences per forward.")] = 4,
     overwrite: Overwrite = False,
+    stream: Annotated[bool, typer.Option(
+        "--stream", help="Keep one decoder layer in memory at a time: layers read from the checkpoint, gradients "
+        "reduced to each module's singular-value scores as they appear, factors written layer by layer. Not for "
+        "fwsvd or --correction pull-subspace.")] = False,
     export: Annotated[str, typer.Option(
         "--export", help="Format of OUT: native (llmtool_lowrank factors, read by llmtool.load) or dense (a plain "
         "transformers checkpoint of the reconstructed weights B·A).")] = "native",
@@ -51,8 +55,13 @@ def compress(
     cfg = dataclasses.replace(config, ratio=ratio, calib_data=calib_data, calib_samples=calib_samples,
                               calib_seqlen=calib_seqlen, batch_size=batch_size, seed=OPTIONS.seed)
     cfg.validate()
+    if stream:
+        from llmtool.compress.streamed import check_streamable
+
+        check_streamable(cfg)
     report, exported = run_then_export(out, overwrite, export, lambda dst, replace: run(model, dst, cfg,
-                                                                                       overwrite=replace))
+                                                                                       overwrite=replace,
+                                                                                       stream=stream))
     summary = {"out": str(out), "method": cfg.name, "ratio": ratio, "achieved_ratio": report["achieved_ratio"],
                "factorised_modules": len(report["ranks"]), "dense_modules": len(report["dense"]),
                "params_before": report["params_before"], "params_after": report["params_after"],

@@ -102,13 +102,19 @@ def save_lowrank(model: nn.Module, out_dir: Path, config: dict, block: dict) -> 
     out_dir = Path(out_dir)
     state = model.state_dict()
     files = save_state_dict(state, out_dir)
+    write_lowrank_config(out_dir, config, block)
+    return {"params": unique_param_count(state), "files": [f.name for f in files]}
+
+
+def write_lowrank_config(out_dir: Path, config: dict, block: dict) -> None:
+    """``config.json`` of a low-rank checkpoint: the source config, the format block, and the llmtool-only
+    architecture name (shared by :func:`save_lowrank` and the layer-streamed writer)."""
     from llmtool.core.checkpoint import mark_llmtool_format
 
     cfg = {k: v for k, v in config.items() if k != FORMAT_KEY}
     cfg[FORMAT_KEY] = {"format_version": FORMAT_VERSION, **block}
     cfg = mark_llmtool_format(cfg, "llmtool_lowrank", "LlmtoolLowRankForCausalLM")
-    (out_dir / "config.json").write_text(json.dumps(cfg, indent=2))
-    return {"params": unique_param_count(state), "files": [f.name for f in files]}
+    (Path(out_dir) / "config.json").write_text(json.dumps(cfg, indent=2))
 
 
 def stored_param_count(model_dir: Path) -> int:

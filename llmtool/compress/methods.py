@@ -50,6 +50,8 @@ class CompressConfig(MethodConfig):
 class _Gradient(CompressConfig):
     grad_samples: int = option(1, "Sequences for the loss gradient.", min=1)
     grad_seqlen: int = option(512, "Tokens per gradient sequence.", min=2)
+    grad_seed: Optional[int] = option(None, "Seed of the gradient windows' positions (default: --seed + 1); "
+                                      "rerun with other values to see the spread over windows.")
 
 
 @dataclass

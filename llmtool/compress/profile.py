@@ -53,10 +53,11 @@ class LayerStatistics(InputStatistics):
 
 
 def layer_statistics(model, ids: torch.Tensor, batch_size: int = 4, gram: bool = True,
-                     abs_mean: bool = False) -> Iterator[LayerStatistics]:
-    """Yield the input statistics of each decoder layer's target modules, layer by layer."""
+                     abs_mean: bool = False, layer_context=None) -> Iterator[LayerStatistics]:
+    """Yield the input statistics of each decoder layer's target modules, layer by layer (the layer is
+    still loaded while the caller handles its statistics; ``layer_context`` as in ``replay_layers``)."""
     groups = target_names(model)
-    for step in replay_layers(model, ids, batch_size):
+    for step in replay_layers(model, ids, batch_size, layer_context=layer_context):
         names = groups[step.index]
         stats = LayerStatistics(gram_on=gram, abs_on=abs_mean, index=step.index, names=tuple(names))
         with forward_hooks(model, sorted({statistics_source(n) for n in names}), stats.hook):

@@ -27,18 +27,19 @@ def check_config(src, config: dict) -> None:
 
 
 def compress(model_arg: str, out: Path, cfg: CompressConfig, overwrite: bool = False,
-             dtype=None, device=None) -> dict:
+             dtype=None, device=None, stream: bool = False) -> dict:
     """Compress MODEL into OUT inside the shared job wrapper; returns the report (also OUT/report.json).
-    Provenance (OUT/llmtool.json) is the method config as a dict with the resolved defaults filled in."""
+    Provenance (OUT/llmtool.json) is the method config as a dict with the resolved defaults filled in.
+    ``stream=True``: one decoder layer in memory at a time (:mod:`llmtool.compress.streamed`)."""
     import dataclasses
 
-    from llmtool.compress.lowrank import FORMAT_KEY, save_lowrank, stored_param_count
+    from llmtool.compress.lowrank import save_lowrank, stored_param_count, write_lowrank_config
     from llmtool.compress.pipeline import compress_model
     from llmtool.core import data as data_mod
     from llmtool.core.checkpoint import copy_tokenizer, dir_size_bytes, read_config
     from llmtool.core.evalkit import peak_rss_mb
     from llmtool.core.job import job
-    from llmtool.core.models import load_model, param_count
+    from llmtool.core.models import load_model, param_count, parse_dtype
 
     cfg.validate()
     resolved = {}
@@ -47,6 +48,10 @@ def compress(model_arg: str, out: Path, cfg: CompressConfig, overwrite: bool = F
     if hasattr(cfg, "stages"):
         resolved["stages"] = cfg.resolved_stages()
     cfg = dataclasses.replace(cfg, **resolved)
+    if stream:
+        from llmtool.compress.streamed import check_streamable
+
+        check_streamable(cfg)
     with job("compress", out, overwrite=overwrite, config=cfg, model=model_arg, seed=cfg.seed,
              check_config=check_config) as j:
         src = j.model_path
@@ -57,24 +62,39 @@ def compress(model_arg: str, out: Path, cfg: CompressConfig, overwrite: bool = F
         if needs_data:
             calib = data_mod.calibration_batches(tok, cfg.calib_data, cfg.calib_samples, cfg.calib_seqlen, cfg.seed)
             if hasattr(cfg, "grad_samples"):
-                grad = data_mod.calibration_batches(tok, cfg.calib_data, cfg.grad_samples, cfg.grad_seqlen,
-                                                    cfg.seed + 1)
-        model = load_model(src, dtype=dtype, device=device)
-        params_before = param_count(model)
-        info(f"compressing {src.name} with {cfg.name} at ratio {cfg.ratio}")
-        result = compress_model(model, cfg, calib, grad)
+                grad_seed = cfg.seed + 1 if cfg.grad_seed is None else cfg.grad_seed
+                grad = data_mod.calibration_batches(tok, cfg.calib_data, cfg.grad_samples, cfg.grad_seqlen, grad_seed)
+        info(f"compressing {src.name} with {cfg.name} at ratio {cfg.ratio}{' (layer-streamed)' if stream else ''}")
+        extra: dict = {}
+        if stream:
+            from llmtool.compress.streamed import compress_streamed
+            from llmtool.core.models import parse_device, parse_dtype
+
+            result, extra = compress_streamed(src, j.dir, cfg, calib, grad, parse_dtype(dtype), parse_device(device))
+            params_before, model = stored_param_count(src), None
+        else:
+            model = load_model(src, dtype=dtype, device=device)
+            params_before = param_count(model)
+            result = compress_model(model, cfg, calib, grad)
         block = {"method": cfg.name, "ratio": cfg.ratio, "ranks": result.ranks, "dense": result.dense,
                  "calibration": None if not needs_data else {
                      "data": cfg.calib_data, "samples": cfg.calib_samples, "seqlen": cfg.calib_seqlen,
                      "grad_samples": getattr(cfg, "grad_samples", None),
-                     "grad_seqlen": getattr(cfg, "grad_seqlen", None), "seed": cfg.seed},
+                     "grad_seqlen": getattr(cfg, "grad_seqlen", None), "seed": cfg.seed,
+                     "grad_seed": (cfg.seed + 1 if cfg.grad_seed is None else cfg.grad_seed)
+                     if hasattr(cfg, "grad_seed") else None},
                  "stages": cfg.resolved_stages()}
-        save_lowrank(model, j.dir, config, block)
+        if stream:
+            write_lowrank_config(j.dir, config, block)
+        else:
+            save_lowrank(model, j.dir, config, block)
         copy_tokenizer(src, j.dir)
-        report = {**result.report(), "params_before": params_before, "params_after": param_count(model),
-                  "stored_params": stored_param_count(j.dir), "disk_bytes": dir_size_bytes(j.dir),
+        stored = stored_param_count(j.dir)
+        report = {**result.report(), **extra, "params_before": params_before,
+                  "params_after": stored if stream else param_count(model),
+                  "stored_params": stored, "disk_bytes": dir_size_bytes(j.dir),
                   "source_disk_bytes": dir_size_bytes(src), "peak_rss_mb": peak_rss_mb(),
-                  "dtype": str(next(model.parameters()).dtype).replace("torch.", "")}
+                  "dtype": str(parse_dtype(dtype) if stream else next(model.parameters()).dtype).replace("torch.", "")}
         j.report.update(report)
         j.extra.update(ranks=result.ranks, dense=result.dense)
     return report

@@ -19,6 +19,7 @@ class _GlobalWhitened:
     needs_abs_mean = False
     uniform = False
     needs_grad = True
+    streams_gradient = True   # the layer-streamed pipeline reduces each gradient to its r-vector (streamed.py)
     rule = "zero-sum"
 
     def decompose(self, spec: ModuleSpec, weight: torch.Tensor, stats, grad, eps: float, kmax: int) -> Spectrum:

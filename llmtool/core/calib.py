@@ -79,18 +79,24 @@ class LayerStep:
         return outs
 
 
-def replay_layers(model, ids: torch.Tensor, batch_size: int | None = None, desc: str = "calibration (layers)"
-                  ) -> Iterator[LayerStep]:
+def replay_layers(model, ids: torch.Tensor, batch_size: int | None = None, desc: str = "calibration (layers)",
+                  layer_context=None) -> Iterator[LayerStep]:
     """Yield a :class:`LayerStep` per decoder layer, feeding each layer's outputs (computed after the
-    caller is done with the step, unless the caller kept them) to the next."""
+    caller is done with the step, unless the caller kept them) to the next.
+
+    ``layer_context(i)``: an optional context manager entered around layer i's step and forward (the
+    layer-streamed compression materialises the layer's weights from the checkpoint inside it)."""
+    from contextlib import nullcontext
+
     from llmtool.core.arch import decoder_layers
 
     layers = decoder_layers(model)
     inputs = first_layer_inputs(model, ids, batch_size)
     for i in progress(range(len(layers)), desc):
-        step = LayerStep(i, layers[i], inputs)
-        yield step
-        outs = step.outputs if step.outputs is not None else step.forward()
+        with (layer_context(i) if layer_context is not None else nullcontext()):
+            step = LayerStep(i, layers[i], inputs)
+            yield step
+            outs = step.outputs if step.outputs is not None else step.forward()
         inputs = [(o, kw) for o, (_, kw) in zip(outs, inputs)]
 
 
