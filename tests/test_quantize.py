@@ -160,6 +160,26 @@ def test_cayley_sgd_stays_orthogonal_and_descends():
     assert float(((q[0] - target) ** 2).sum().detach()) < 0.5 * first
 
 
+def test_cayley_sgd_non_finite_update_keeps_that_rotation(monkeypatch):
+    g = torch.Generator().manual_seed(1)
+    r0 = torch.stack([R.random_orthogonal(16, g, torch.float32) for _ in range(3)])
+    p = torch.nn.Parameter(r0.clone())
+    p.grad = torch.randn(3, 16, 16, generator=g)
+    real = torch.linalg.solve
+
+    def solve(a, b, **kw):
+        out = real(a, b, **kw)
+        out[1] = float("nan")        # the update of matrix 1 came out non-finite
+        return out
+
+    monkeypatch.setattr(torch.linalg, "solve", solve)
+    R.CayleySGD([p], lr=1.5).step()
+    assert torch.isfinite(p).all()
+    assert torch.allclose(p[1], r0[1], atol=1e-5) and not torch.allclose(p[0], r0[0], atol=1e-3)
+    eye = torch.eye(16)
+    assert (p.transpose(-1, -2) @ p - eye).abs().max() < 1e-5
+
+
 def test_gptq_beats_rtn_on_synthetic_layer():
     g = torch.Generator().manual_seed(0)
     x = torch.randn(512, 64, generator=g) @ torch.randn(64, 64, generator=g)  # correlated inputs

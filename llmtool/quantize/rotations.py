@@ -230,7 +230,9 @@ class CayleySGD:
             eye = torch.eye(r.shape[-1], dtype=r.dtype, device=r.device)
             new = torch.linalg.solve(eye + 0.5 * alpha * a, (eye - 0.5 * alpha * a) @ r)
             err = (new.transpose(-1, -2) @ new - eye).abs().amax()
-            if err > 1e-4:
+            if not bool(err <= 1e-4):       # also when err is NaN
+                ok = torch.isfinite(new).flatten(-2).all(-1)
+                new = torch.where(ok[..., None, None], new, r)   # a non-finite update keeps the rotation
                 new = polar(new.double()).to(r.dtype)
             p.data.copy_(new)
 
