@@ -154,7 +154,7 @@ def test_export_dense_option_refusals_and_atomicity(tiny96, tmp_path, monkeypatc
 def test_export_option_choices(tiny96, tmp_path):
     code, _, err = run_cli("compress", "--method", "svd", str(tiny96), str(tmp_path / "c"), "--ratio", "0.3",
                            "--export", "compressed-tensors")
-    assert code == 2 and "choose one of native, dense" in err
+    assert code == 2 and "choose one of native, dense, remote-code" in err
     assert not (tmp_path / "c").exists()
 
 
@@ -182,3 +182,40 @@ def test_interrupted_export_run_leaves_nothing(tiny96, tmp_path, monkeypatch, ca
     err = capsys.readouterr().err
     assert e.value.code == 130 and err.strip() == "error: interrupted", err
     assert sorted(p.name for p in tmp_path.iterdir() if p.name != "llmtool-home") == []
+
+
+def test_remote_code_export_keeps_factors_and_loads_in_transformers(tiny96, tmp_path):
+    """`--format remote-code`: the factors stay factors (same files), and plain transformers with
+    trust_remote_code builds the factorised model with llmtool's logits; the streamed compress output too."""
+    from transformers import AutoModelForCausalLM
+
+    import llmtool
+    from llmtool.core.checkpoint import load_state_dict
+
+    out = tmp_path / "lr"
+    code, _, err = run_cli("compress", "--method", "svd-llm", str(tiny96), str(out), "--ratio", "0.3",
+                           "--calib-samples", "4", "--calib-seqlen", "16", "--stream")
+    assert code == 0, err
+    ours = llmtool.load(out)
+    rc = tmp_path / "rc"
+    code, stdout, err = run_cli("--json", "models", "export", str(out), str(rc), "--format", "remote-code")
+    assert code == 0, err
+    cfg = json.loads((rc / "config.json").read_text())
+    assert cfg["model_type"] == "llmtool_lowrank_llama" and cfg["auto_map"]["AutoModelForCausalLM"].endswith("LlmtoolLowRankForCausalLM")
+    with pytest.raises(ValueError):          # ships code: refused without the flag
+        _plain(rc)
+    theirs = AutoModelForCausalLM.from_pretrained(rc, local_files_only=True, trust_remote_code=True).eval()
+    low = [n for n, m in theirs.named_modules() if type(m).__name__ == "LowRankLinear"]
+    assert sorted(low) == sorted(json.loads((out / "config.json").read_text())["llmtool_lowrank"]["ranks"])
+    torch.testing.assert_close(_logits(theirs), _logits(ours), rtol=1e-5, atol=1e-5)
+    a, b = load_state_dict(out), load_state_dict(rc)
+    assert sorted(a) == sorted(b) and all(torch.equal(a[k], b[k]) for k in a)
+    # compress --export remote-code writes the same; a quantized checkpoint is refused in one line
+    rc2 = tmp_path / "rc2"
+    code, _, err = run_cli("compress", "--method", "svd", str(tiny96), str(rc2), "--ratio", "0.3",
+                           "--export", "remote-code")
+    assert code == 0, err and (rc2 / "modeling_llmtool_lowrank.py").is_file()
+    q = tmp_path / "q"
+    _make("quant", tiny96, q, "--method", "rtn", "--w-bits", "4", "--a-bits", "16")
+    code, _, err = run_cli("models", "export", str(q), str(tmp_path / "x"), "--format", "remote-code")
+    assert code == 2 and "low-rank" in err and not (tmp_path / "x").exists()

@@ -40,8 +40,9 @@ def compress(
         "reduced to each module's singular-value scores as they appear, factors written layer by layer. Not for "
         "fwsvd or --correction pull-subspace.")] = False,
     export: Annotated[str, typer.Option(
-        "--export", help="Format of OUT: native (llmtool_lowrank factors, read by llmtool.load) or dense (a plain "
-        "transformers checkpoint of the reconstructed weights B·A).")] = "native",
+        "--export", help="Format of OUT: native (llmtool_lowrank factors, read by llmtool.load), dense (a plain "
+        "transformers checkpoint of the reconstructed weights B·A) or remote-code (the factors plus a modeling "
+        "file: transformers loads it with trust_remote_code=True).")] = "native",
 ) -> None:
     """Low-rank compression of every q/k/v/o/gate/up/down projection of MODEL into OUT."""
     from llmtool.compress.run import check_config
@@ -49,7 +50,7 @@ def compress(
     from llmtool.core.export import check_format, run_then_export
     from llmtool.core.preflight import preflight
 
-    check_format(export, "--export", ("native", "dense"))
+    check_format(export, "--export", ("native", "dense", "remote-code"))
     preflight(model, out, overwrite=overwrite, check_config=check_config)  # fail fast, before torch is imported
 
     cfg = dataclasses.replace(config, ratio=ratio, calib_data=calib_data, calib_samples=calib_samples,

@@ -10,8 +10,10 @@ rather than dropped. Lossy parts of the stand-ins (activation quantization, KV-c
 returned so the caller can report them; weights are exact (``B·A``, or ``scale·(code − zero)`` times the
 folded online Hadamard).
 
-Formats (:data:`EXPORT_FORMATS`): ``dense`` (above) and ``compressed-tensors``
-(:mod:`llmtool.core.export_ct`: the quantized weights kept packed, for transformers and vLLM).
+Formats (:data:`EXPORT_FORMATS`): ``dense`` (above), ``compressed-tensors``
+(:mod:`llmtool.core.export_ct`: the quantized weights kept packed, for transformers and vLLM) and
+``remote-code`` (:mod:`llmtool.core.export_remote`: low-rank factors kept, with a modeling file that plain
+transformers runs under ``trust_remote_code=True``).
 :func:`export_checkpoint` writes either from an llmtool output directory; ``llmtool models export`` calls it,
 and ``--export FORMAT`` of ``quantize``/``compress`` (:func:`run_then_export`) runs the method into a
 scratch directory inside the atomic output and calls it on that, so both write the same files.
@@ -32,7 +34,7 @@ if TYPE_CHECKING:
     import torch
     from torch import nn
 
-EXPORT_FORMATS = ("dense", "compressed-tensors")
+EXPORT_FORMATS = ("dense", "compressed-tensors", "remote-code")
 
 
 def check_format(fmt: str, flag: str, choices: tuple[str, ...]) -> None:
@@ -123,6 +125,11 @@ def export_checkpoint(src: Path, out_dir: Path, fmt: str, dtype: str | None = No
         report["not_representable"] = densify(model)
         save_dense(model, out_dir, parse_dtype(dtype_name))
         copy_tokenizer(src, out_dir)
+    elif fmt == "remote-code":
+        from llmtool.core.export_remote import save_remote_code
+
+        report.update(save_remote_code(src, out_dir))
+        report["not_representable"] = []
     else:
         from llmtool.core.export_ct import save_compressed_tensors
 

@@ -41,7 +41,9 @@ def export(
                                      "reconstructed weights (low-rank B·A, dequantized integers); "
                                      "compressed-tensors: a quantize output with its integer weights kept packed, "
                                      "for transformers (with compressed-tensors installed) and vLLM "
-                                     "(weight-only W3/W4/W8 or W8A8, no rotation).")] = "dense",
+                                     "(weight-only W3/W4/W8 or W8A8, no rotation); remote-code: a compress "
+                                     "output with its low-rank factors kept and a modeling file, for "
+                                     "transformers with trust_remote_code=True.")] = "dense",
     overwrite: Annotated[bool, typer.Option("--overwrite", help="Replace OUT if it exists.")] = False,
 ) -> None:
     """Export an llmtool checkpoint to a format other tools load (plain transformers, vLLM, ...)."""
@@ -58,6 +60,8 @@ def export(
                 raise UsageError(f"{src}: compressed-tensors export needs a quantized checkpoint of `llmtool "
                                  "quantize` (config.json has no llmtool_quant block); use --format dense")
             check_block(config["llmtool_quant"], str(src))
+    elif fmt == "remote-code":
+        from llmtool.core.export_remote import check_lowrank as check
     preflight(model, out, overwrite=overwrite, check_config=check)  # fail fast, before torch is imported
     from llmtool.core.console import info
     from llmtool.core.export import export_checkpoint
