@@ -64,17 +64,18 @@ def compress(model_arg: str, out: Path, cfg: CompressConfig, overwrite: bool = F
             if hasattr(cfg, "grad_samples"):
                 grad_seed = cfg.seed + 1 if cfg.grad_seed is None else cfg.grad_seed
                 grad = data_mod.calibration_batches(tok, cfg.calib_data, cfg.grad_samples, cfg.grad_seqlen, grad_seed)
-        info(f"compressing {src.name} with {cfg.name} at ratio {cfg.ratio}{' (layer-streamed)' if stream else ''}")
         extra: dict = {}
         if stream:
             from llmtool.compress.streamed import compress_streamed
-            from llmtool.core.models import parse_device, parse_dtype
+            from llmtool.core.models import parse_device
 
+            info(f"compressing {src.name} with {cfg.name} at ratio {cfg.ratio} (layer-streamed)")
             result, extra = compress_streamed(src, j.dir, cfg, calib, grad, parse_dtype(dtype), parse_device(device))
             params_before, model = stored_param_count(src), None
         else:
             model = load_model(src, dtype=dtype, device=device)
             params_before = param_count(model)
+            info(f"compressing {src.name} with {cfg.name} at ratio {cfg.ratio}")
             result = compress_model(model, cfg, calib, grad)
         block = {"method": cfg.name, "ratio": cfg.ratio, "ranks": result.ranks, "dense": result.dense,
                  "calibration": None if not needs_data else {
