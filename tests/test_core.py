@@ -191,3 +191,19 @@ def test_tokenize_in_pieces_equals_one_piece(tiny_tokenizer, monkeypatch):
     monkeypatch.setattr(data, "_encode", lambda tok, t: (lengths.append(len(t)), [7] + real(tok, t))[1])
     assert data.tokenize(tiny_tokenizer, text, chunk_chars=500).numel() == whole.numel() + 1
     assert lengths[-1] == len(text)
+
+
+def test_peak_rss_is_the_process_own_not_its_parents():
+    """ru_maxrss survives exec on Linux: a child of a big parent would report the parent's size."""
+    import subprocess
+    import sys
+
+    if not sys.platform.startswith("linux"):
+        pytest.skip("VmHWM is Linux-only")
+    big = torch.ones(256 * 1024 * 1024 // 4 * 4)        # 1 GiB touched in this (parent) process
+    parent = evalkit.peak_rss_mb()
+    assert parent > 1024
+    out = subprocess.run([sys.executable, "-c", "from llmtool.core.evalkit import peak_rss_mb; print(peak_rss_mb())"],
+                         capture_output=True, text=True, check=True).stdout
+    del big
+    assert float(out) < parent - 700
