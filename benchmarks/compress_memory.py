@@ -39,7 +39,8 @@ from llmtool.core import data
 from llmtool.core.models import load_tokenizer
 tok = load_tokenizer(sys.argv[1])
 data.calibration_batches(tok, "austen-train", int(sys.argv[2]), int(sys.argv[3]), 0)
-print(json.dumps(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024))
+from llmtool.core.evalkit import peak_rss_mb
+print(json.dumps(peak_rss_mb()))
 """
 
 

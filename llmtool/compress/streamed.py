@@ -226,13 +226,37 @@ def _lowrank_tensors(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None
     return t
 
 
+HEAD_CHUNK = 128
+
+
+def _head_gradient(model, last: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+    """``dL/dh`` of the last layer's output for the mean next-token cross-entropy, computed over
+    ``HEAD_CHUNK`` positions at a time (the final norm and the head act per position, so this is exact):
+    the ``[T, vocab]`` logits and their gradient never exist at once (at T = 512 and a 49k vocabulary
+    they are 100 MB each)."""
+    from llmtool.core.arch import final_norm, lm_head
+
+    norm, head = final_norm(model), lm_head(model)
+    n = last.shape[1] - 1
+    grad = torch.zeros_like(last)
+    for a in range(0, n, HEAD_CHUNK):
+        b = min(n, a + HEAD_CHUNK)
+        x = last[:, a:b].detach().requires_grad_(True)
+        with torch.enable_grad():
+            logits = head(norm(x)).float()
+            loss = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]),
+                                                     ids[:, a + 1:b + 1].reshape(-1), reduction="sum") / n
+            (g,) = torch.autograd.grad(loss, [x])
+        grad[:, a:b] = g
+    return grad
+
+
 @torch.no_grad()
 def _gradient_scores(stream: LayerStream, specs: list[list[ModuleSpec]], grad_ids: torch.Tensor,
                      scratch: Path, bdtype: torch.dtype) -> list[dict[str, torch.Tensor]]:
     """Per gradient window (sequence): ``{module: g [k]}`` with ``g_i = u_i^T G q_i``, float64."""
     from safetensors.torch import load_file
 
-    from llmtool.core.arch import final_norm, lm_head
     from llmtool.core.calib import first_layer_inputs
     from llmtool.core.hooks import hidden_of
 
@@ -246,12 +270,7 @@ def _gradient_scores(stream: LayerStream, specs: list[list[ModuleSpec]], grad_id
         for i in range(n_layers):
             with stream.layer(i) as layer:
                 inputs.append(hidden_of(layer(inputs[-1], **kw)).detach())
-        with torch.enable_grad():
-            last = inputs[-1].detach().requires_grad_(True)
-            logits = lm_head(model)(final_norm(model)(last)).float()
-            ids = row[None].to(logits.device)
-            loss = torch.nn.functional.cross_entropy(logits[:, :-1].reshape(-1, logits.shape[-1]), ids[:, 1:].reshape(-1))
-            (grad_h,) = torch.autograd.grad(loss, [last])
+        grad_h = _head_gradient(model, inputs[-1], row[None].to(inputs[-1].device))
         scores: dict[str, torch.Tensor] = {}
         for i in reversed(range(n_layers)):
             names = [s.name for s in specs[i]]
