@@ -128,3 +128,18 @@ def test_cli_stream_writes_loadable_checkpoint(tiny_llama_dir, tiny_text_file, t
         assert torch.allclose(lm, ls, atol=1e-3)
     code, _, err = run_cli(*args[:2], str(tmp_path / "f"), *args[3:], "--stream", "--method", "fwsvd")
     assert code == 2 and "fwsvd" in err and not (tmp_path / "f").exists()
+
+
+def test_non_finite_weight_is_refused(tmp_path):
+    from safetensors.torch import load_file, save_file
+
+    tok = build_tokenizer()
+    src = tmp_path / "bad"
+    build_tiny_llama(len(tok), seed=1).save_pretrained(src, safe_serialization=True)
+    tok.save_pretrained(src)
+    f = src / "model.safetensors"
+    state = load_file(str(f))
+    state["model.layers.1.mlp.up_proj.weight"][0, 0] = float("nan")
+    save_file(state, str(f), metadata={"format": "pt"})
+    code, _, err = run_cli("compress", "--method", "svd", str(src), str(tmp_path / "o"), "--ratio", "0.3", "--stream")
+    assert code == 2 and "up_proj.weight has NaN" in err and not (tmp_path / "o").exists()

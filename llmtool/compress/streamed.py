@@ -136,8 +136,15 @@ class LayerStream:
         return self.tied and key.endswith("lm_head.weight") and key not in self.ckpt
 
     def _read(self, key: str) -> torch.Tensor:
+        import os
+
         t = self.ckpt.get(key)
-        return t.to(self.dtype) if t.is_floating_point() else t
+        if not t.is_floating_point():
+            return t
+        if os.environ.get("LLMTOOL_ALLOW_NONFINITE") != "1" and not bool(torch.isfinite(t).all()):
+            raise UsageError(f"{self.src}: weight {key} has NaN or infinite values "
+                             "(set LLMTOOL_ALLOW_NONFINITE=1 to load it anyway)")   # as core.models.check_finite
+        return t.to(self.dtype)
 
     def _set(self, module, name: str, value) -> None:
         from accelerate.utils import set_module_tensor_to_device
