@@ -402,7 +402,9 @@ def compress_streamed(src: Path, out_dir: Path, cfg, calib_ids, grad_ids, dtype:
             del bases
         seconds["writing"] = time.perf_counter() - t0
     shutil.rmtree(scratch)
-    rest = {k: stream.source_tensor(k) for k in stream.other_keys if not stream._tied_head(k)}
+    state = model.state_dict()          # the resident non-layer weights (re-reading them would hold a second copy)
+    rest = {k: state[k] for k in stream.other_keys if not stream._tied_head(k)}
+    del state
     writer.write(rest)
     writer.close()
     removed = sum(s.dense_params - s.params_at_rank(ranks[s.name]) if s.name in ranks else 0 for s in flat)
