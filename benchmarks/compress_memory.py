@@ -32,7 +32,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 
 BASELINE = """
-import json, resource, sys
+import json, sys
 import torch, transformers  # noqa: F401
 from llmtool.compress import streamed, pipeline  # noqa: F401
 from llmtool.core import data

@@ -53,6 +53,9 @@ class _Gradient(CompressConfig):
     grad_seed: Optional[int] = option(None, "Seed of the gradient windows' positions (default: --seed + 1); "
                                       "rerun with other values to see the spread over windows.")
 
+    def resolved_grad_seed(self) -> int:
+        return self.seed + 1 if self.grad_seed is None else self.grad_seed
+
 
 @dataclass
 class _Whitened(CompressConfig):

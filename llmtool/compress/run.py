@@ -47,6 +47,8 @@ def compress(model_arg: str, out: Path, cfg: CompressConfig, overwrite: bool = F
         resolved["keep_rank_ratio"] = cfg.resolved_keep_rank_ratio()
     if hasattr(cfg, "stages"):
         resolved["stages"] = cfg.resolved_stages()
+    if hasattr(cfg, "grad_seed"):
+        resolved["grad_seed"] = cfg.resolved_grad_seed()
     cfg = dataclasses.replace(cfg, **resolved)
     if stream:
         from llmtool.compress.streamed import check_streamable
@@ -62,8 +64,8 @@ def compress(model_arg: str, out: Path, cfg: CompressConfig, overwrite: bool = F
         if needs_data:
             calib = data_mod.calibration_batches(tok, cfg.calib_data, cfg.calib_samples, cfg.calib_seqlen, cfg.seed)
             if hasattr(cfg, "grad_samples"):
-                grad_seed = cfg.seed + 1 if cfg.grad_seed is None else cfg.grad_seed
-                grad = data_mod.calibration_batches(tok, cfg.calib_data, cfg.grad_samples, cfg.grad_seqlen, grad_seed)
+                grad = data_mod.calibration_batches(tok, cfg.calib_data, cfg.grad_samples, cfg.grad_seqlen,
+                                                    cfg.grad_seed)
         extra: dict = {}
         if stream:
             from llmtool.compress.streamed import compress_streamed
@@ -82,8 +84,7 @@ def compress(model_arg: str, out: Path, cfg: CompressConfig, overwrite: bool = F
                      "data": cfg.calib_data, "samples": cfg.calib_samples, "seqlen": cfg.calib_seqlen,
                      "grad_samples": getattr(cfg, "grad_samples", None),
                      "grad_seqlen": getattr(cfg, "grad_seqlen", None), "seed": cfg.seed,
-                     "grad_seed": (cfg.seed + 1 if cfg.grad_seed is None else cfg.grad_seed)
-                     if hasattr(cfg, "grad_seed") else None},
+                     "grad_seed": getattr(cfg, "grad_seed", None)},
                  "stages": cfg.resolved_stages()}
         if stream:
             write_lowrank_config(j.dir, config, block)

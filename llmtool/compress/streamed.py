@@ -50,7 +50,7 @@ from pathlib import Path
 
 import torch
 
-from llmtool.compress.factorize import ModuleSpec
+from llmtool.compress.factorize import ModuleSpec, split_factors, whitened_svd
 from llmtool.compress.pipeline import CompressionResult, StageReport, _kmax, _specs
 from llmtool.compress.profile import layer_statistics
 from llmtool.compress.whitening import whitener_from_covariance
@@ -128,14 +128,15 @@ class LayerStream:
                              "(refusing to initialise them randomly)")
         for key in self.other_keys:
             if not self._tied_head(key):
-                self._set(model, key, self._read(key))
+                self._set(model, key, self.read(key))
         if self.tied:
             model.tie_weights()
 
     def _tied_head(self, key: str) -> bool:
         return self.tied and key.endswith("lm_head.weight") and key not in self.ckpt
 
-    def _read(self, key: str) -> torch.Tensor:
+    def read(self, key: str) -> torch.Tensor:
+        """A tensor of the source checkpoint in the run's dtype (CPU); NaN/inf weights are refused."""
         import os
 
         t = self.ckpt.get(key)
@@ -151,16 +152,12 @@ class LayerStream:
 
         set_module_tensor_to_device(module, name, self.device if value is not None else "meta", value=value)
 
-    def source_tensor(self, key: str) -> torch.Tensor:
-        """A tensor of the source checkpoint in the run's dtype (CPU)."""
-        return self._read(key)
-
     @contextmanager
     def layer(self, i: int):
         """Layer ``i`` with its weights loaded (sent back to ``meta`` on exit)."""
         layer = self.layers[i]
         for name in self.layer_keys[i]:
-            self._set(layer, name, self._read(f"{self.prefix}{i}.{name}"))
+            self._set(layer, name, self.read(f"{self.prefix}{i}.{name}"))
         try:
             yield layer
         finally:
@@ -202,7 +199,7 @@ def _basis_dtype(dtype: torch.dtype) -> torch.dtype:
 def whitened_basis(weight: torch.Tensor, cov: torch.Tensor, eps: float):
     """``(U [m, k], sigma [k], Q^T = V^T L^{-1} [k, n])`` of ``W L = U diag(sigma) V^T`` (float64)."""
     whitener = whitener_from_covariance(cov, eps)
-    u, sigma, vh = torch.linalg.svd(whitener.whiten(weight), full_matrices=False)
+    u, sigma, vh = whitened_svd(weight, whitener)
     return u, sigma, whitener.unwhiten(vh)
 
 
@@ -214,16 +211,11 @@ def _layer_out(stream: LayerStream, i: int, replaced: dict[str, dict[str, torch.
     for name in stream.layer_keys[i]:
         key = f"{stream.prefix}{i}.{name}"
         if not key.startswith(mods):       # a replaced module's weight and bias are in ``replaced``
-            out[key] = stream.source_tensor(key)
+            out[key] = stream.read(key)
     for module, tensors in replaced.items():
         for rel, t in tensors.items():
             out[f"{module}.{rel}"] = t
     return out
-
-
-def _factors_of(u: torch.Tensor, sigma: torch.Tensor, qt: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
-    root = sigma[:k].clamp_min(0).sqrt().to(torch.float64)
-    return root[:, None] * qt[:k].to(torch.float64), u[:, :k].to(torch.float64) * root[None, :]
 
 
 def _lowrank_tensors(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None, dtype) -> dict[str, torch.Tensor]:
@@ -260,7 +252,7 @@ def _head_gradient(model, last: torch.Tensor, ids: torch.Tensor) -> torch.Tensor
 
 @torch.no_grad()
 def _gradient_scores(stream: LayerStream, specs: list[list[ModuleSpec]], grad_ids: torch.Tensor,
-                     scratch: Path, bdtype: torch.dtype) -> list[dict[str, torch.Tensor]]:
+                     scratch: Path) -> list[dict[str, torch.Tensor]]:
     """Per gradient window (sequence): ``{module: g [k]}`` with ``g_i = u_i^T G q_i``, float64."""
     from safetensors.torch import load_file
 
@@ -308,6 +300,8 @@ def compress_streamed(src: Path, out_dir: Path, cfg, calib_ids, grad_ids, dtype:
                       device: torch.device) -> tuple[CompressionResult, dict]:
     """Compress the checkpoint at ``src`` into ``out_dir`` (weights only; the caller writes config.json
     with :func:`lowrank.write_lowrank_config`). Returns the result and extra report fields."""
+    from safetensors.torch import load_file, save_file
+
     check_streamable(cfg)
     release_large_frees()
     t_all = time.perf_counter()
@@ -357,8 +351,6 @@ def compress_streamed(src: Path, out_dir: Path, cfg, calib_ids, grad_ids, dtype:
                 u, sigma, qt = whitened_basis(modules[spec.name].weight.detach(), stats.covariance(spec.name), eps)
                 sigmas[spec.name] = sigma.cpu()
                 bases[f"{spec.name}.u"], bases[f"{spec.name}.qt"] = u.to(bdtype).cpu(), qt.to(bdtype).cpu()
-            from safetensors.torch import save_file
-
             save_file({k: v.contiguous() for k, v in bases.items()}, str(scratch / f"layer{i}.safetensors"))
             del bases
     seconds["statistics_and_svd"] = time.perf_counter() - t0
@@ -369,7 +361,7 @@ def compress_streamed(src: Path, out_dir: Path, cfg, calib_ids, grad_ids, dtype:
         deltas = None
         if method.needs_grad:
             t0 = time.perf_counter()
-            windows = _gradient_scores(stream, specs, grad_ids, scratch, bdtype)
+            windows = _gradient_scores(stream, specs, grad_ids, scratch)
             seconds["gradients"] = time.perf_counter() - t0
             mean_g = {n: sum(w[n] for w in windows) / len(windows) for n in sigmas}
             deltas = [-sigmas[s.name] * mean_g[s.name] for s in flat]
@@ -384,8 +376,6 @@ def compress_streamed(src: Path, out_dir: Path, cfg, calib_ids, grad_ids, dtype:
         if method.needs_grad:
             extra["gradient_windows"] = window_spread(windows, sigmas, flat, sel.planned_rank if sel else ranks)
         # pass 3: factors at the chosen ranks, layer by layer
-        from safetensors.torch import load_file
-
         t0 = time.perf_counter()
         for i in progress(range(n_layers), "writing (layers)"):
             bases = load_file(str(scratch / f"layer{i}.safetensors"))
@@ -393,10 +383,11 @@ def compress_streamed(src: Path, out_dir: Path, cfg, calib_ids, grad_ids, dtype:
             for spec in specs[i]:
                 if spec.name not in ranks:
                     continue
-                a, b = _factors_of(bases[f"{spec.name}.u"], sigmas[spec.name], bases[f"{spec.name}.qt"],
-                                   ranks[spec.name])
+                # B = U_r diag(sqrt sigma), A = diag(sqrt sigma) Q^T_r (Q^T is already V^T L^{-1})
+                a, b = split_factors(bases[f"{spec.name}.u"].double(), sigmas[spec.name].double(),
+                                     bases[f"{spec.name}.qt"].double(), ranks[spec.name])
                 bias_key = f"{spec.name}.bias"
-                bias = stream.source_tensor(bias_key) if spec.has_bias else None
+                bias = stream.read(bias_key) if spec.has_bias else None
                 replaced[spec.name] = _lowrank_tensors(a, b, bias, dtype)
             writer.write(_layer_out(stream, i, replaced))
             del bases
