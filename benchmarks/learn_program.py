@@ -222,7 +222,21 @@ def part_sandbox(a, log, work: Path) -> dict:
     recs = run_hostile_suite(work / "hostile")
     blocked = sum(bool(r.get("blocked")) for r in recs)
     log(f"sandbox: {blocked}/{len(recs)} hostile programs blocked")
-    return {"records": recs, "blocked": blocked, "n": len(recs), "protections": sandbox_available()}
+    prot = sandbox_available()
+    prot["python"] = Path(prot["python"]).name          # no machine-local path in the results
+    return {"records": _scrub(recs, str(work), "WORK"), "blocked": blocked, "n": len(recs), "protections": prot}
+
+
+def _scrub(x, path: str, token: str):
+    """``x`` with every occurrence of the scratch path ``path`` replaced by ``token`` (strings in nested
+    lists and dicts), so the results name no directory of the machine that ran them."""
+    if isinstance(x, str):
+        return x.replace(path, token)
+    if isinstance(x, list):
+        return [_scrub(v, path, token) for v in x]
+    if isinstance(x, dict):
+        return {k: _scrub(v, path, token) for k, v in x.items()}
+    return x
 
 
 # ------------------------------------------------------------------------------------------ report

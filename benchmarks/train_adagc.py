@@ -428,7 +428,7 @@ def fmt(ms, digits=4, signed=False, pct=False):
 
 def write_md(path: Path, res: dict, a, command: str) -> None:
     cfg = res["config"]
-    L = [f"# `llmtool train` clipping benchmark (AdaGC, issue 16)", "",
+    L = ["# `llmtool train` clipping benchmark (AdaGC, issue 16)", "",
          f"Command: `{command}`", ""]
     reduced = a.steps < 3000 or a.seeds < 3
     L.append(("**Reduced run** (the issue's protocol is 3,000 updates × 3 seeds): " if reduced else "Full protocol: ")
@@ -586,7 +586,8 @@ def main(argv=None) -> dict:
     jobs = [{"args": jargs, "data": data, "threads": a.threads, "optimizer": opt, "arm": arm, "fault": fault, "seed": s}
             for opt in opts_run for s in range(a.seeds) for arm in a.arms for fault in ["clean", *a.faults]]
     runs = run_jobs(jobs, a.workers, log)
-    res = {"config": {**vars(a), "vocab": data["vocab"], "tokenizer_vocab": data["tokenizer_vocab"],
+    shown_out = os.path.relpath(a.out) if not os.path.relpath(a.out).startswith("..") else Path(a.out).name
+    res = {"config": {**vars(a), "out": shown_out, "vocab": data["vocab"], "tokenizer_vocab": data["tokenizer_vocab"],
                       "parameters": n_params, "train_blocks": len(data["train"]), "val_blocks": len(data["val"]),
                       "machine": f"{platform.machine()}, {os.cpu_count()} CPUs, torch {torch.__version__}"},
            "optimizers_run": opts_run, "optimizer_impl": impl, "notes": notes,
