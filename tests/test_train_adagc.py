@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import copy
+import io
 import math
 
 import pytest
@@ -194,6 +195,42 @@ def test_exact_resume():  # acceptance 8
     _train(m_r, c_r, o_r, 30, x, y)
     assert c_r.step == 60 and c_r.gamma == c.gamma
     assert all(torch.equal(a, b) for a, b in zip(m.parameters(), m_r.parameters()))
+
+
+def test_muon_adamw_resumes_exactly():
+    """MuonAdamW keeps its state in two inner optimizers; a save/load round trip must carry it."""
+    from llmtool.train.pretrain import MuonAdamW
+
+    torch.manual_seed(5)
+    x, y = torch.randn(32, 4), torch.randn(32, 1) * 5
+
+    def make():
+        m = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Tanh(), torch.nn.Linear(8, 1))
+        return m, lambda mod: MuonAdamW(mod.named_parameters(), 2e-2, 0.01, (0.9, 0.99), 1e-8)
+
+    m, opt_of = make()
+    m_b = copy.deepcopy(m)
+    o = opt_of(m)
+    c = AdaGCClipper(m.named_parameters(), warmup=5)
+    _train(m, c, o, 20, x, y)
+    o_b = opt_of(m_b)
+    c_b = AdaGCClipper(m_b.named_parameters(), warmup=5)
+    _train(m_b, c_b, o_b, 10, x, y)
+    buf = io.BytesIO()
+    torch.save((m_b.state_dict(), o_b.state_dict(), c_b.state_dict()), buf)
+    buf.seek(0)
+    saved = torch.load(buf, weights_only=False)
+    m_r, _ = make()
+    m_r.load_state_dict(saved[0])
+    o_r = opt_of(m_r)
+    o_r.load_state_dict(saved[1])
+    c_r = AdaGCClipper(m_r.named_parameters(), warmup=5)
+    c_r.load_state_dict(saved[2])
+    assert o_r.muon.state and o_r.adamw.state
+    _train(m_r, c_r, o_r, 10, x, y)
+    assert all(torch.equal(a, b) for a, b in zip(m.parameters(), m_r.parameters()))
+    with pytest.raises(ValueError, match="inner"):
+        opt_of(m_r).load_state_dict(torch.optim.SGD(m_r.parameters(), lr=0.1).state_dict())
 
 
 def test_optimizer_agnostic_via_step_pre_hook():  # acceptance 9

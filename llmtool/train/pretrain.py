@@ -64,6 +64,25 @@ class MuonAdamW(torch.optim.Optimizer):
         self.muon = torch.optim.Muon(mats, lr=lr, weight_decay=weight_decay) if mats else None
         self.adamw = torch.optim.AdamW(rest, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay) if rest else None
 
+    def state_dict(self) -> dict:
+        """The wrapper's groups plus both inner optimizers' states (momenta, moments, step counts): the
+        wrapper itself holds no per-parameter state, so without these a resumed run would restart Muon's
+        momentum and AdamW's moments from zero."""
+        sd = super().state_dict()
+        sd["inner"] = {k: (o.state_dict() if o is not None else None)
+                       for k, o in (("muon", self.muon), ("adamw", self.adamw))}
+        return sd
+
+    def load_state_dict(self, state_dict: dict) -> None:
+        sd = dict(state_dict)
+        inner = sd.pop("inner", None)
+        if inner is None:
+            raise ValueError("MuonAdamW.load_state_dict: no inner optimizer states (saved by another optimizer?)")
+        super().load_state_dict(sd)
+        for k, o in (("muon", self.muon), ("adamw", self.adamw)):
+            if o is not None:
+                o.load_state_dict(inner[k])
+
     @torch.no_grad()
     def step(self, closure=None):
         for group, opt in zip(self.param_groups, (self.muon, self.adamw)):
