@@ -179,20 +179,85 @@ def run_diversity(a) -> dict:
     ks = tuple(k for k in (1, 2, 4, 8, 16) if k <= a.n_eval)
 
     def ev(m):
-        return passk.evaluate(m, tok, test, n=a.n_eval, ks=ks, max_new_tokens=a.max_new_tokens,
-                              batch_size=a.gen_batch, seed=1234, greedy=False)["summary"]
+        r = passk.evaluate(m, tok, test, n=a.n_eval, ks=ks, max_new_tokens=a.max_new_tokens,
+                           batch_size=a.gen_batch, seed=1234, greedy=False)
+        return {**r["summary"], "per_problem": [[p["correct"], p["distinct_correct"]] for p in r["per_problem"]]}
 
-    res = {"base": ev(model), "arms": {}}
+    t0 = time.time()
+    res = {"settings": {"seeds": a.seeds, "steps": a.steps, "group_size": a.group_size, "prompts": a.prompts,
+                        "updates": a.updates, "lr": a.lr, "max_new_tokens": a.max_new_tokens, "n_eval": a.n_eval,
+                        "train_rows": a.train_rows, "test_rows": a.test_rows, "div_coef": a.div_coef, "ks": list(ks)},
+           "base": ev(model), "arms": {}}
+    print(f"[diversity] base: pass@1 {res['base']['pass@1']:.3f} ({time.time() - t0:.0f}s)", flush=True)
     for name, shaper in (("grpo", GRPOShaper()), ("setpo", SetPOShaper(div_coef=a.div_coef))):
         per = []
         for seed in range(a.seeds):
             m, hist, secs = _train_once(base, model, tok, train, "ground-truth", seed, a, shaper=shaper)
-            per.append({"seed": seed, **ev(m), "seconds": secs})
-            print(f"[diversity] {name} seed {seed}: {per[-1]}", flush=True)
-        res["arms"][name] = {"per_seed": per, **{k: sum(p[k] for p in per) / len(per)
-                                                 for k in per[0] if k not in ("seed",)}}
+            per.append({"seed": seed, **ev(m), "seconds": secs,
+                        "train_reward": [h.get("reward_mean") for h in hist]})
+            print(f"[diversity] {name} seed {seed}: " + ", ".join(f"{k} {v:.3f}" for k, v in per[-1].items()
+                                                                if isinstance(v, float)), flush=True)
+        res["arms"][name] = {"per_seed": per, **{k: sum(p[k] for p in per) / len(per) for k in per[0]
+                                                 if isinstance(per[0][k], (int, float)) and k != "seed"}}
+    res["paired"] = diversity_contrasts(res, ks, a.n_eval)
     model.load_state_dict(base)
     return res
+
+
+def diversity_contrasts(res: dict, ks, n: int, draws: int = 2000) -> dict:
+    """Paired 95 % bootstrap intervals over test problems (each problem's value averaged over seeds) for
+    GRPO − base and SetPO − GRPO: pass@k for every k, and distinct correct answers."""
+    import numpy as np
+
+    from llmtool.train.passk import pass_at_k
+
+    def per_problem(entry) -> dict:
+        seeds = entry["per_seed"] if "per_seed" in entry else [entry]
+        out = {f"pass@{k}": np.mean([[pass_at_k(n, c, k) for c, _ in s["per_problem"]] for s in seeds], axis=0)
+               for k in ks}
+        out["distinct_correct"] = np.mean([[d for _, d in s["per_problem"]] for s in seeds], axis=0)
+        return out
+
+    base, grpo, setpo = per_problem(res["base"]), per_problem(res["arms"]["grpo"]), per_problem(res["arms"]["setpo"])
+    rng = np.random.default_rng(0)
+    m = len(base["pass@1"])
+    idx = rng.integers(0, m, size=(draws, m))
+    out = {}
+    for name, (x, y) in (("grpo-base", (grpo, base)), ("setpo-grpo", (setpo, grpo))):
+        out[name] = {}
+        for key in x:
+            d = np.asarray(x[key]) - np.asarray(y[key])
+            boots = d[idx].mean(axis=1)
+            out[name][key] = {"diff": float(d.mean()), "lo": float(np.percentile(boots, 2.5)),
+                              "hi": float(np.percentile(boots, 97.5))}
+    return out
+
+
+def plot_diversity(d: dict) -> str | None:
+    """pass@k against k for the base model and each arm (mean over seeds)."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:  # pragma: no cover
+        return None
+    ks = d["settings"]["ks"]
+    fig, ax = plt.subplots(figsize=(6, 3.8))
+    for name, entry in [("base", d["base"]), *d["arms"].items()]:
+        ax.plot(ks, [100 * entry[f"pass@{k}"] for k in ks], marker="o", label=name)
+    ax.set_xscale("log", base=2)
+    ax.set_xticks(ks, [str(k) for k in ks])
+    ax.set_xlabel("k")
+    ax.set_ylabel("pass@k (%)")
+    st = d["settings"]
+    ax.set_title(f"sum-two, {st['seeds']} seed(s) x {st['steps']} phases, n = {st['n_eval']}")
+    ax.legend()
+    fig.tight_layout()
+    path = RESULTS / "train_grpo_diversity.png"
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path.name
 
 
 def run_cost(a) -> dict:
@@ -256,7 +321,36 @@ def markdown(res: dict) -> str:
         keys = [k for k in d["base"] if k.startswith("pass@")] + ["distinct_correct", "answer_entropy"]
         rows = [{"arm": "base", **{k: round(d["base"][k], 3) for k in keys}}]
         rows += [{"arm": n, **{k: round(v[k], 3) for k in keys}} for n, v in d["arms"].items()]
-        lines += ["## Diversity: GRPO vs SetPO (sum-two task)", "", markdown_table(rows), ""]
+        st = d.get("settings")
+        head = "## Diversity: GRPO vs SetPO (sum-two task)"
+        if st:
+            head += (f" ({st['seeds']} seed(s), {st['steps']} phases, G = {st['group_size']}, {st['prompts']} "
+                     f"prompts/phase, lr {st['lr']}, λ = {st['div_coef']}; {st['test_rows']} test problems × "
+                     f"n = {st['n_eval']} samples)")
+        lines += [head, "", markdown_table(rows), ""]
+        if "paired" in d:
+            prow = []
+            for name, dd in d["paired"].items():
+                prow.append({"contrast": name, **{k: f"{v['diff']:+.3f} [{v['lo']:+.3f}, {v['hi']:+.3f}]"
+                                                  for k, v in dd.items()}})
+            lines += ["Paired differences, 95 % bootstrap interval over test problems (seed-averaged per problem):",
+                      "", markdown_table(prow), ""]
+            g, sp = d["paired"]["grpo-base"], d["paired"]["setpo-grpo"]
+            kmax = f"pass@{st['ks'][-1]}" if st else "pass@16"
+            drop = g[kmax]["hi"] < 0 or g["distinct_correct"]["hi"] < 0
+            lines.append(f"- GRPO vs base: {kmax} {g[kmax]['diff']:+.3f}, distinct correct "
+                         f"{g['distinct_correct']['diff']:+.3f}: " +
+                         ("diversity drops under GRPO (interval below 0), the paper's premise." if drop else
+                          "no significant diversity drop under GRPO in this run, so the paper's SetPO-vs-GRPO "
+                          "contrast cannot be tested at this size."))
+            p8 = sp.get("pass@8")
+            lines.append("- Directions (reported, not gated): SetPO distinct correct − GRPO "
+                         f"{sp['distinct_correct']['diff']:+.3f} (≥ 0 expected); "
+                         + (f"pass@8 {100 * p8['diff']:+.1f} points (≥ −2 expected); " if p8 else "")
+                         + f"pass@1 {100 * sp['pass@1']['diff']:+.1f} points (within ±3 expected).")
+            if d.get("plot"):
+                lines.append(f"- pass@k curves: `benchmarks/results/{d['plot']}`.")
+            lines.append("")
     if "cost" in res:
         rows = [{"arm": k, **{kk: round(vv, 3) for kk, vv in v.items()}} for k, v in res["cost"].items()]
         lines += ["## Cost (one phase, this shared CPU)", "", markdown_table(rows), ""]
@@ -298,6 +392,7 @@ def main() -> None:
             res["spurious"] = run_spurious(a)
         elif part == "diversity":
             res["diversity"] = run_diversity(a)
+            res["diversity"]["plot"] = plot_diversity(res["diversity"])
         elif part == "cost":
             res["cost"] = run_cost(a)
         else:
