@@ -166,8 +166,9 @@ def main() -> None:
     ap.add_argument("--env", default="grid-nav", help="PIPE env for the model rows")
     ap.add_argument("--oracle-tasks", type=int, default=50)
     ap.add_argument("--external-tasks", type=int, default=20, help="oracle episodes per real game (TWX, ScienceWorld)")
-    ap.add_argument("--only", default="", choices=["", "oracle"],
-                    help="rerun only this part; the other parts' results are kept from the existing JSON")
+    ap.add_argument("--only", default="", choices=["", "oracle", "pipe"],
+                    help="rerun only this part (oracle table, or the model rows of PIPE with --sft); the other "
+                         "parts' results are kept from the existing JSON")
     ap.add_argument("--base-episodes", type=int, default=6)
     ap.add_argument("--max-rounds", type=int, default=8)
     ap.add_argument("--history", type=int, default=1)
@@ -210,26 +211,33 @@ def main() -> None:
             skip = True
         elif not a.startswith("--work="):
             shown.append(a)
-    results = {"command": " ".join(["python benchmarks/bench_agent.py", *shown]), "config": vars(args),
-               "pipe": {}, "gates": {}}
-    results["config"].pop("work", None)
+    command = " ".join(["python benchmarks/bench_agent.py", *shown])
+    config = {k: v for k, v in vars(args).items() if k != "work"}
+    if args.only == "pipe":
+        prev = RESULTS / "bench_agent.json"
+        results = json.loads(prev.read_text()) if prev.is_file() else {"command": "", "config": {}, "gates": {}}
+        results.update(pipe={}, pipe_command=command, pipe_config=config)
+        results["gates"] = {k: v for k, v in results["gates"].items() if not k.startswith(("base_ir", "ft_", "sft_"))}
+        results.setdefault("phase_seconds", {})
+    else:
+        results = {"command": command, "config": config, "pipe": {}, "gates": {}}
+    phase = results["phase_seconds"]
+    if args.only != "pipe":
+        t = time.time()
+        print("== oracle under every rewrite", flush=True)
+        results["oracle"] = oracle_rows(args.oracle_tasks, args.seed, work, args.external_tasks)
+        results["gates"]["oracle_100pct_every_env_every_rewrite"] = oracle_gate(results["oracle"])
+        phase["oracle"] = round(time.time() - t, 1)
+        write(results)
 
-    phase = results["phase_seconds"] = {}
-    t = time.time()
-    print("== oracle under every rewrite", flush=True)
-    results["oracle"] = oracle_rows(args.oracle_tasks, args.seed, work, args.external_tasks)
-    results["gates"]["oracle_100pct_every_env_every_rewrite"] = oracle_gate(results["oracle"])
-    phase["oracle"] = round(time.time() - t, 1)
-    write(results)
-
-    t = time.time()
-    print("== UltraHorizon", flush=True)
-    results["ultrahorizon"] = uh_part(args, work)
-    phase["ultrahorizon"] = round(time.time() - t, 1)
-    scripted = results["ultrahorizon"]["raw"]
-    results["gates"]["uh_oracle_scores_100"] = all(v["score"]["mean"] == 100 for k, v in scripted.items() if k.startswith("oracle"))
-    results["gates"]["uh_random_scores_le_40"] = all(v["score"]["mean"] <= 40 for k, v in scripted.items() if k.startswith("random"))
-    write(results)
+        t = time.time()
+        print("== UltraHorizon", flush=True)
+        results["ultrahorizon"] = uh_part(args, work)
+        phase["ultrahorizon"] = round(time.time() - t, 1)
+        scripted = results["ultrahorizon"]["raw"]
+        results["gates"]["uh_oracle_scores_100"] = all(v["score"]["mean"] == 100 for k, v in scripted.items() if k.startswith("oracle"))
+        results["gates"]["uh_random_scores_le_40"] = all(v["score"]["mean"] <= 40 for k, v in scripted.items() if k.startswith("random"))
+        write(results)
 
     env_name = args.env
     path = resolve_model(args.model)
@@ -311,6 +319,8 @@ def write(results: dict) -> None:
     RESULTS.mkdir(parents=True, exist_ok=True)
     (RESULTS / "bench_agent.json").write_text(json.dumps(results, indent=2, default=str))
     lines = ["# bench-agent benchmark", "", f"Command: `{results['command']}`", ""]
+    if results.get("pipe_command"):
+        lines += [f"PIPE model rows rerun alone: `{results['pipe_command']}` (other parts from the command above).", ""]
     if results.get("oracle_command"):
         lines += [f"Oracle table rerun alone: `{results['oracle_command']}` (other parts from the command above).", ""]
     if "oracle" in results:
@@ -327,7 +337,8 @@ def write(results: dict) -> None:
                              "95% CI": f"[{s['sr_lo']:.2f}, {s['sr_hi']:.2f}]", "orig calls": s["orig_calls"],
                              "alias calls": s["alias_calls"], "deprecated rate": f"{s['deprecated_rate']:.2f}",
                              "invalid rate": f"{s['invalid_rate']:.2f}"})
-        lines += [f"## PIPE: {results['config']['model']} on {env_name}", "", markdown_table(rows), ""]
+        model_name = results.get("pipe_config", results["config"]).get("model")
+        lines += [f"## PIPE: {model_name} on {env_name}", "", markdown_table(rows), ""]
         for tag, key in (("base", "base_ir"), ("fine-tuned", "sft_ir")):
             if key in r:
                 ir = r[key]
@@ -338,7 +349,8 @@ def write(results: dict) -> None:
             lines.append(f"- SFT: {r['sft']['examples']} examples, {r['sft']['steps']} steps, "
                          f"loss {r['sft']['train_loss']:.3f}, {r['sft']['seconds']:.0f} s")
         if "base_tokens_per_s" in r:
-            lines.append(f"- agent throughput (base, CPU, 1 thread): {r['base_tokens_per_s']:.1f} generated tokens/s; "
+            threads = results.get("pipe_config", results["config"]).get("threads", 1)
+            lines.append(f"- agent throughput (base, CPU, {threads} thread(s)): {r['base_tokens_per_s']:.1f} generated tokens/s; "
                          f"KV-cache tokens reused across turns: {r['kv_reused_tokens']}")
         lines.append("")
     uh = results.get("ultrahorizon")
