@@ -24,6 +24,7 @@ from pathlib import Path
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 RESULTS = Path(__file__).parent / "results"
 MODES = ("none", "synonym", "obfuscate", "dual-ori-first", "dual-syn-first")
+ACCEPTANCE_ENV = "grid-nav"   # the issue gates the fine-tuning experiment here; other envs are reported
 
 
 def oracle_rows(n_tasks: int, seed: int, work: Path, n_external: int = 20) -> dict:
@@ -170,7 +171,7 @@ def main() -> None:
                     help="rerun only this part (oracle table, or the model rows of PIPE with --sft); the other "
                          "parts' results are kept from the existing JSON")
     ap.add_argument("--base-episodes", type=int, default=6)
-    ap.add_argument("--max-rounds", type=int, default=8)
+    ap.add_argument("--max-rounds", type=int, default=8, help="rounds per episode; 0 = the environment's default")
     ap.add_argument("--history", type=int, default=1)
     ap.add_argument("--max-new-tokens", type=int, default=16)
     ap.add_argument("--sft", action="store_true", help="fine-tune on oracle trajectories and evaluate (slow on CPU)")
@@ -216,8 +217,12 @@ def main() -> None:
     if args.only == "pipe":
         prev = RESULTS / "bench_agent.json"
         results = json.loads(prev.read_text()) if prev.is_file() else {"command": "", "config": {}, "gates": {}}
-        results.update(pipe={}, pipe_command=command, pipe_config=config)
-        results["gates"] = {k: v for k, v in results["gates"].items() if not k.startswith(("base_ir", "ft_", "sft_"))}
+        results.setdefault("pipe", {}).pop(args.env, None)       # other environments' rows are kept
+        results.pop("pipe_command", None)
+        results.pop("pipe_config", None)
+        if args.env == ACCEPTANCE_ENV:
+            results["gates"] = {k: v for k, v in results["gates"].items()
+                                if not k.startswith(("base_ir", "ft_", "sft_"))}
         results.setdefault("phase_seconds", {})
     else:
         results = {"command": command, "config": config, "pipe": {}, "gates": {}}
@@ -242,7 +247,9 @@ def main() -> None:
     env_name = args.env
     path = resolve_model(args.model)
     tok = load_tokenizer(path)
-    r = results["pipe"][env_name] = {}
+    r = results["pipe"][env_name] = {"command": command, "config": config}
+    # the issue's gates are on grid navigation; other environments are reported with the same checks
+    gates = results["gates"] if env_name == ACCEPTANCE_ENV else r.setdefault("checks", {})
     print(f"== {args.model} on {env_name}", flush=True)
     model = load_model(path, dtype="float32", device="cpu")
     agent = HFAgent(str(path), model=model, tokenizer=tok, max_new_tokens=args.max_new_tokens, stop=("\n",))
@@ -250,12 +257,12 @@ def main() -> None:
     t0 = time.time()
     r["base"] = eval_agent(env_name, agent, args.base_episodes, args.seed, args.history, work, "base", args.max_rounds)
     r["base_seconds"] = time.time() - t0
-    phase["base_model"] = round(time.time() - t0, 1)
+    phase[f"base_model {env_name}"] = round(time.time() - t0, 1)
     r["base_ir"] = ir_of(work, "base", env_name, args.seed)
     r["base_tokens_per_s"] = sum(v["completion_tokens"] for v in r["base"].values()) / r["base_seconds"]
     r["kv_reused_tokens"] = agent.reused_tokens
     ir = r["base_ir"]
-    results["gates"]["base_ir_in_[0.5,2]"] = {"met": 0.5 <= ir["ir"] <= 2, "measured": ir["ir"]}
+    gates["base_ir_in_[0.5,2]"] = {"met": 0.5 <= ir["ir"] <= 2, "measured": ir["ir"]}
     print(f"  base IR {ir['ir']:.2f} [{ir['ir_lo']:.2f},{ir['ir_hi']:.2f}]", flush=True)
     write(results)
 
@@ -263,11 +270,13 @@ def main() -> None:
         from llmtool.core.trainer import TrainArgs, sft
 
         ex = oracle_examples(env_name, args.train_tasks, args.seed, tok, args.history)
-        targs = TrainArgs(lr=args.lr, max_steps=args.sft_steps, batch_size=args.sft_batch, max_length=384,
+        # long enough for the longest example: truncation would cut the completion, the only trained part
+        longest = max(len(tok(e["prompt"] + e["completion"], add_special_tokens=False)["input_ids"]) for e in ex)
+        targs = TrainArgs(lr=args.lr, max_steps=args.sft_steps, batch_size=args.sft_batch, max_length=max(384, longest + 8),
                           warmup_ratio=0.05, seed=args.seed, logging_steps=10)
         t0 = time.time()
         info = sft(model, tok, ex, targs)
-        r["sft"] = {"examples": len(ex), "train_loss": info["train_loss"], "steps": info["steps"],
+        r["sft"] = {"examples": len(ex), "train_loss": info["train_loss"], "steps": info["steps"], "longest": longest,
                     "seconds": time.time() - t0}
         print(f"  SFT {len(ex)} examples, {info['steps']} steps, loss {info['train_loss']:.3f}, "
               f"{time.time() - t0:.0f}s", flush=True)
@@ -277,16 +286,16 @@ def main() -> None:
         r["sft_eval"] = eval_agent(env_name, agent, args.base_episodes, args.seed, args.history, work, "finetuned",
                                    args.max_rounds)
         r["sft_ir"] = ir_of(work, "finetuned", env_name, args.seed)
-        phase["sft_train_and_eval"] = round(time.time() - t0, 1)
+        phase[f"sft_train_and_eval {env_name}"] = round(time.time() - t0, 1)
         ft, fir = r["sft_eval"], r["sft_ir"]
         print(f"  fine-tuned IR {fir['ir']:.2f} [{fir['ir_lo']:.2f},{fir['ir_hi']:.2f}]", flush=True)
-        results["gates"]["ft_sr_original>=0.8"] = {"met": ft["none"]["sr"] >= 0.8, "measured": ft["none"]["sr"]}
-        results["gates"]["ft_sr_obfuscate<=0.5*sr_original"] = {
+        gates["ft_sr_original>=0.8"] = {"met": ft["none"]["sr"] >= 0.8, "measured": ft["none"]["sr"]}
+        gates["ft_sr_obfuscate<=0.5*sr_original"] = {
             "met": ft["obfuscate"]["sr"] <= 0.5 * ft["none"]["sr"] and ft["none"]["sr"] > 0,
             "measured": [ft["obfuscate"]["sr"], ft["none"]["sr"]]}
-        results["gates"]["ft_ir>2_with_ci"] = {"met": fir["ir_lo"] > 2, "measured": [fir["ir"], fir["ir_lo"], fir["ir_hi"]]}
+        gates["ft_ir>2_with_ci"] = {"met": fir["ir_lo"] > 2, "measured": [fir["ir"], fir["ir_lo"], fir["ir_hi"]]}
     else:
-        results["gates"]["sft_experiment"] = "not run (pass --sft)"
+        gates["sft_experiment"] = "not run (pass --sft)"
     results["wall_seconds"] = round(time.time() - t_start, 1)
     write(results)
     print(json.dumps(results["gates"], indent=1, default=str))
@@ -319,8 +328,6 @@ def write(results: dict) -> None:
     RESULTS.mkdir(parents=True, exist_ok=True)
     (RESULTS / "bench_agent.json").write_text(json.dumps(results, indent=2, default=str))
     lines = ["# bench-agent benchmark", "", f"Command: `{results['command']}`", ""]
-    if results.get("pipe_command"):
-        lines += [f"PIPE model rows rerun alone: `{results['pipe_command']}` (other parts from the command above).", ""]
     if results.get("oracle_command"):
         lines += [f"Oracle table rerun alone: `{results['oracle_command']}` (other parts from the command above).", ""]
     if "oracle" in results:
@@ -337,8 +344,12 @@ def write(results: dict) -> None:
                              "95% CI": f"[{s['sr_lo']:.2f}, {s['sr_hi']:.2f}]", "orig calls": s["orig_calls"],
                              "alias calls": s["alias_calls"], "deprecated rate": f"{s['deprecated_rate']:.2f}",
                              "invalid rate": f"{s['invalid_rate']:.2f}"})
-        model_name = results.get("pipe_config", results["config"]).get("model")
-        lines += [f"## PIPE: {model_name} on {env_name}", "", markdown_table(rows), ""]
+        cfg = r.get("config", results["config"])
+        lines += [f"## PIPE: {cfg.get('model')} on {env_name}", ""]
+        if r.get("command") and r["command"] != results["command"]:
+            lines += [f"Run alone: `{r['command']}`" + (" (the issue's acceptance environment)"
+                                                          if env_name == ACCEPTANCE_ENV else " (reported, not gated)"), ""]
+        lines += [markdown_table(rows), ""]
         for tag, key in (("base", "base_ir"), ("fine-tuned", "sft_ir")):
             if key in r:
                 ir = r[key]
@@ -348,8 +359,10 @@ def write(results: dict) -> None:
         if "sft" in r:
             lines.append(f"- SFT: {r['sft']['examples']} examples, {r['sft']['steps']} steps, "
                          f"loss {r['sft']['train_loss']:.3f}, {r['sft']['seconds']:.0f} s")
+        for k, v in r.get("checks", {}).items():
+            lines.append(f"- {k} (reported, not gated): {_gate(v)}")
         if "base_tokens_per_s" in r:
-            threads = results.get("pipe_config", results["config"]).get("threads", 1)
+            threads = cfg.get("threads", 1)
             lines.append(f"- agent throughput (base, CPU, {threads} thread(s)): {r['base_tokens_per_s']:.1f} generated tokens/s; "
                          f"KV-cache tokens reused across turns: {r['kv_reused_tokens']}")
         lines.append("")
