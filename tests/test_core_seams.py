@@ -350,6 +350,23 @@ def test_sft_learns_completion_and_masks_prompt(tiny_lm):
     assert changed == only
 
 
+def test_encode_examples_counts_cut_and_dropped_rows(tiny_lm):
+    from llmtool.core.trainer import encode_examples
+
+    _, tok = tiny_lm
+    short = {"prompt": "The capital of France is", "completion": " Paris."}
+    n_prompt = len(tok(short["prompt"], add_special_tokens=False)["input_ids"])
+    n_all = n_prompt + len(tok(short["completion"], add_special_tokens=False)["input_ids"]) + 1
+    stats = {}
+    rows = encode_examples(tok, [short] * 3, n_all, stats=stats)
+    assert len(rows) == 3 and stats == {"examples": 3, "cut": 0, "dropped": 0, "longest": n_all}
+    long_prompt = {"prompt": short["prompt"] * 4, "completion": " Paris."}   # its completion falls past the cut
+    rows = encode_examples(tok, [short, long_prompt, short], n_all, stats=stats)
+    assert len(rows) == 2 and stats["cut"] == 1 and stats["dropped"] == 1 and stats["longest"] > n_all
+    rows = encode_examples(tok, [short], n_all - 1, stats=stats)             # cut, a target token survives
+    assert len(rows) == 1 and stats["cut"] == 1 and stats["dropped"] == 0 and len(rows[0]["input_ids"]) == n_all - 1
+
+
 # ----------------------------------------------------------------------------------------- defects
 def test_json_accepted_after_evaluate_ppl(tiny_llama_dir, tiny_text_file):
     from conftest import run_cli

@@ -80,11 +80,16 @@ class _Examples(torch.utils.data.Dataset):
         return self.rows[i]
 
 
-def encode_examples(tokenizer, examples: Sequence[dict], max_length: int) -> list[dict]:
+def encode_examples(tokenizer, examples: Sequence[dict], max_length: int, stats: dict | None = None) -> list[dict]:
     """Token ids and labels (-100 on prompt tokens) for ``{"prompt", "completion"}`` or ``{"text"}`` rows.
-    The end-of-sequence token is appended to completions/texts so the model learns to stop."""
+    The end-of-sequence token is appended to completions/texts so the model learns to stop.
+
+    Rows longer than ``max_length`` are cut at the end, which cuts their targets; a row left with no target
+    is dropped. ``stats`` (when given) receives ``{"examples", "cut", "dropped", "longest"}`` so the caller
+    can say so."""
     eos = tokenizer.eos_token_id
     rows = []
+    cut = dropped = longest = 0
     for i, ex in enumerate(examples):
         if "input_ids" in ex:  # pre-tokenised (e.g. packed pretraining blocks): every token is a target
             ids = list(ex["input_ids"])
@@ -98,9 +103,16 @@ def encode_examples(tokenizer, examples: Sequence[dict], max_length: int) -> lis
             ids, labels = p + c, [-100] * len(p) + c
         else:
             raise UsageError(f"training example {i}: needs 'text' or 'prompt' and 'completion'")
-        ids, labels = ids[:max_length], labels[:max_length]
+        longest = max(longest, len(ids))
+        if len(ids) > max_length:
+            ids, labels = ids[:max_length], labels[:max_length]
+            cut += 1
         if any(l != -100 for l in labels[1:]):
             rows.append({"input_ids": ids, "labels": labels})
+        else:
+            dropped += 1
+    if stats is not None:
+        stats.update(examples=len(examples), cut=cut, dropped=dropped, longest=longest)
     if not rows:
         raise UsageError("no training example has a target token within --max-length")
     return rows
@@ -155,7 +167,14 @@ def sft(model, tokenizer, examples: Sequence[dict], args: TrainArgs | None = Non
 
     args = args or TrainArgs()
     args.validate()
-    rows = encode_examples(tokenizer, examples, args.max_length)
+    trunc: dict = {}
+    rows = encode_examples(tokenizer, examples, args.max_length, stats=trunc)
+    if trunc["cut"]:
+        from llmtool.core.console import info
+
+        info(f"warning: {trunc['cut']} of {trunc['examples']} training examples are longer than --max-length "
+             f"{args.max_length} (longest {trunc['longest']} tokens) and were cut at the end"
+             + (f"; {trunc['dropped']} lost every target token and were dropped" if trunc["dropped"] else ""))
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else (tokenizer.eos_token_id or 0)
     peft_model = None
     if args.lora_r > 0:
@@ -204,7 +223,7 @@ def sft(model, tokenizer, examples: Sequence[dict], args: TrainArgs | None = Non
             for rec in history:
                 fh.write(json.dumps(rec) + "\n")
     return {"train_loss": float(result.training_loss), "steps": int(trainer.state.global_step),
-            "seconds": round(seconds, 3), "examples": len(rows), "log_history": history,
+            "seconds": round(seconds, 3), "examples": len(rows), "truncation": trunc, "log_history": history,
             "args": asdict(args)}
 
 
