@@ -218,8 +218,6 @@ def main() -> None:
         prev = RESULTS / "bench_agent.json"
         results = json.loads(prev.read_text()) if prev.is_file() else {"command": "", "config": {}, "gates": {}}
         results.setdefault("pipe", {}).pop(args.env, None)       # other environments' rows are kept
-        results.pop("pipe_command", None)
-        results.pop("pipe_config", None)
         if args.env == ACCEPTANCE_ENV:
             results["gates"] = {k: v for k, v in results["gates"].items()
                                 if not k.startswith(("base_ir", "ft_", "sft_"))}

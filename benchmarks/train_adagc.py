@@ -586,7 +586,8 @@ def main(argv=None) -> dict:
     jobs = [{"args": jargs, "data": data, "threads": a.threads, "optimizer": opt, "arm": arm, "fault": fault, "seed": s}
             for opt in opts_run for s in range(a.seeds) for arm in a.arms for fault in ["clean", *a.faults]]
     runs = run_jobs(jobs, a.workers, log)
-    shown_out = os.path.relpath(a.out) if not os.path.relpath(a.out).startswith("..") else Path(a.out).name
+    shown_out = os.path.relpath(a.out)            # no machine-local path in the results
+    shown_out = Path(a.out).name if shown_out.startswith("..") else shown_out
     res = {"config": {**vars(a), "out": shown_out, "vocab": data["vocab"], "tokenizer_vocab": data["tokenizer_vocab"],
                       "parameters": n_params, "train_blocks": len(data["train"]), "val_blocks": len(data["val"]),
                       "machine": f"{platform.machine()}, {os.cpu_count()} CPUs, torch {torch.__version__}"},

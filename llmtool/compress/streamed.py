@@ -137,14 +137,12 @@ class LayerStream:
 
     def read(self, key: str) -> torch.Tensor:
         """A tensor of the source checkpoint in the run's dtype (CPU); NaN/inf weights are refused."""
-        import os
+        from llmtool.core.models import refuse_nonfinite
 
         t = self.ckpt.get(key)
         if not t.is_floating_point():
             return t
-        if os.environ.get("LLMTOOL_ALLOW_NONFINITE") != "1" and not bool(torch.isfinite(t).all()):
-            raise UsageError(f"{self.src}: weight {key} has NaN or infinite values "
-                             "(set LLMTOOL_ALLOW_NONFINITE=1 to load it anyway)")   # as core.models.check_finite
+        refuse_nonfinite(self.src, key, t)
         return t.to(self.dtype)
 
     def _set(self, module, name: str, value) -> None:

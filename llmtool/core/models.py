@@ -58,14 +58,25 @@ def parse_device(name: str | None) -> torch.device:
         raise UsageError(f"unknown --device {name!r}") from None
 
 
+def _allow_nonfinite() -> bool:
+    return os.environ.get("LLMTOOL_ALLOW_NONFINITE") == "1"
+
+
+def refuse_nonfinite(path: Path | str, name: str, tensor: torch.Tensor) -> None:
+    """Refuse one weight with NaN/inf values (set $LLMTOOL_ALLOW_NONFINITE=1 to load it anyway); for
+    loaders that read tensors themselves, such as the streamed compress path."""
+    if (tensor.is_floating_point() and tensor.device.type != "meta" and not _allow_nonfinite()
+            and not bool(torch.isfinite(tensor).all())):
+        raise UsageError(f"{path}: weight {name} has NaN or infinite values "
+                         "(set LLMTOOL_ALLOW_NONFINITE=1 to load it anyway)")
+
+
 def check_finite(model, path: Path | str) -> None:
     """Refuse a model with NaN/inf weights (set $LLMTOOL_ALLOW_NONFINITE=1 to load it anyway)."""
-    if os.environ.get("LLMTOOL_ALLOW_NONFINITE") == "1":
+    if _allow_nonfinite():
         return
     for name, p in model.named_parameters():
-        if p.is_floating_point() and p.device.type != "meta" and not bool(torch.isfinite(p).all()):
-            raise UsageError(f"{path}: weight {name} has NaN or infinite values "
-                             "(set LLMTOOL_ALLOW_NONFINITE=1 to load it anyway)")
+        refuse_nonfinite(path, name, p)
 
 
 def load_model(model, dtype=None, device=None, check: bool = True):

@@ -28,7 +28,7 @@ from typing import Any, Sequence
 
 import torch
 
-from llmtool.core.console import UsageError
+from llmtool.core.console import UsageError, info
 
 
 @dataclass
@@ -170,8 +170,6 @@ def sft(model, tokenizer, examples: Sequence[dict], args: TrainArgs | None = Non
     trunc: dict = {}
     rows = encode_examples(tokenizer, examples, args.max_length, stats=trunc)
     if trunc["cut"]:
-        from llmtool.core.console import info
-
         info(f"warning: {trunc['cut']} of {trunc['examples']} training examples are longer than --max-length "
              f"{args.max_length} (longest {trunc['longest']} tokens) and were cut at the end"
              + (f"; {trunc['dropped']} lost every target token and were dropped" if trunc["dropped"] else ""))
