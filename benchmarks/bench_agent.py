@@ -125,26 +125,101 @@ def uh_part(args, work: Path) -> dict:
                     rows.append(_uh_row(f"script:{kind}", env_name, steps, policy, s, acts / dt))
     print("  UltraHorizon scripted: done", flush=True)
     if args.uh_model_runs > 0:
-        from llmtool.bench_agent.agents import HFAgent
-        from llmtool.core.models import resolve_model
-
-        agent = HFAgent(str(resolve_model(args.model)), max_new_tokens=args.uh_max_new_tokens, temperature=0.3,
-                        stop=("</tool_call>",), seed=args.seed)
-        agent.uri = f"hf:{args.model}"
-        for env_name in args.uh_model_envs.split(","):
-            t0 = time.time()
-            evs = [run_uh(env_name, agent, work / f"uh-model-{env_name}-{i}", steps=args.uh_model_steps,
-                          seed=args.seed + i, policy="crnr", window=args.uh_model_window)
-                   for i in range(args.uh_model_runs)]
-            s = score_runs(evs)
-            s["seconds"] = time.time() - t0
-            s["completion_tokens_per_s"] = sum(e["token_statistics"]["completion"] for e in evs) / s["seconds"]
-            s["entropy_slopes"] = [e["entropy_slope"] for e in evs]
-            raw[f"model-{env_name}-{args.uh_model_steps}-crnr"] = s
-            rows.append(_uh_row(f"hf:{args.model}", env_name, args.uh_model_steps, "crnr", s, None))
-            print(f"  UltraHorizon {args.model} {env_name}: score {s['score']['mean']}, "
-                  f"tool calls {s['tool_calls']['mean']}, {s['seconds']:.0f}s", flush=True)
+        model_rows, model_raw = uh_model_part(args, work)
+        rows += model_rows
+        raw.update(model_raw)
     return {"rows": rows, "raw": raw}
+
+
+_UH_AGENT = None
+
+
+def _uh_worker_init(model: str, max_new_tokens: int, seed: int, threads: int) -> None:
+    global _UH_AGENT
+    import torch
+
+    from llmtool.bench_agent.agents import HFAgent
+    from llmtool.core.models import resolve_model
+
+    torch.set_num_threads(threads)
+    _UH_AGENT = HFAgent(str(resolve_model(model)), max_new_tokens=max_new_tokens, temperature=0.3,
+                        stop=("</tool_call>",), seed=seed)
+    _UH_AGENT.uri = f"hf:{model}"
+
+
+def _uh_model_run(job: tuple) -> dict:
+    from llmtool.bench_agent.uhrun import run_uh
+
+    env_name, steps, seed, policy, window, out = job
+    return run_uh(env_name, _UH_AGENT, Path(out), steps=steps, seed=seed, policy=policy, window=window)
+
+
+def uh_model_part(args, work: Path) -> tuple[list[dict], dict]:
+    """The default model on the UltraHorizon environments: every (env, R, context policy) cell with
+    ``--uh-model-runs`` runs (seeds seed..seed+n-1), spread over ``--workers`` processes of ``--threads``
+    threads each (one model per process; a run is sequential, so processes use the cores better than threads)."""
+    from concurrent.futures import ProcessPoolExecutor
+    import multiprocessing as mp
+
+    from llmtool.bench_agent.uhrun import score_runs
+
+    cells = [(e, int(r), pol) for e in args.uh_model_envs.split(",") for r in str(args.uh_model_steps).split(",")
+             for pol in args.uh_model_policies.split(",")]
+    jobs = [(e, r, args.seed + i, pol, args.uh_model_window, str(work / f"uh-model-{e}-{r}-{pol}-{i}"))
+            for e, r, pol in cells for i in range(args.uh_model_runs)]
+    t0 = time.time()
+    init = (args.model, args.uh_max_new_tokens, args.seed, args.threads)
+    if args.workers > 1:
+        with ProcessPoolExecutor(args.workers, mp.get_context("spawn"), initializer=_uh_worker_init,
+                                 initargs=init) as pool:
+            evs = []
+            for k, ev in enumerate(pool.map(_uh_model_run, jobs)):
+                evs.append(ev)
+                print(f"  UltraHorizon {args.model}: {k + 1}/{len(jobs)} runs, {time.time() - t0:.0f}s", flush=True)
+    else:
+        _uh_worker_init(*init)
+        evs = [_uh_model_run(j) for j in jobs]
+    rows, raw = [], {}
+    for e, r, pol in cells:
+        cell = [ev for ev in evs if (ev["env"], ev["steps"], ev["policy"]) == (e, r, pol)]
+        s = score_runs(cell)
+        s["run_seconds"] = [ev["wall_s"] for ev in cell]
+        s["turns"] = [ev["stats"]["turns"] for ev in cell]
+        s["completion_tokens_per_s"] = sum(ev["token_statistics"]["completion"] for ev in cell) / sum(s["run_seconds"])
+        s["entropy_slopes"] = [ev["entropy_slope"] for ev in cell]
+        raw[f"model-{e}-{r}-{pol}"] = s
+        rows.append(_uh_row(f"hf:{args.model}", e, r, pol, s, None))
+        print(f"  UltraHorizon {args.model} {e} R={r} {pol}: score {s['score']['mean']}, "
+              f"tool calls {s['tool_calls']['mean']}, {sum(s['run_seconds']):.0f}s of runs", flush=True)
+    return rows, raw
+
+
+def only_uh_model(args) -> None:
+    """``--only uh-model``: rerun the default model's UltraHorizon rows, keep every other part."""
+    prev = RESULTS / "bench_agent.json"
+    results = json.loads(prev.read_text()) if prev.is_file() else {"command": "", "config": {}, "pipe": {}, "gates": {}}
+    work = Path(args.work or tempfile.mkdtemp(prefix="bench_agent_"))
+    t = time.time()
+    print("== UltraHorizon, default model (other parts kept from the previous run)", flush=True)
+    rows, raw = uh_model_part(args, work)
+    uh = results.setdefault("ultrahorizon", {"rows": [], "raw": {}})
+    # cells of this run replace the same cells of an earlier one; on the first rerun the full command's
+    # tiny-horizon model row goes too
+    fresh = {(r["env"], r["R"], r["context"]) for r in rows}
+    earlier = bool(results.get("uh_model_commands"))
+    uh["rows"] = [r for r in uh["rows"] if not r["agent"].startswith("hf:")
+                  or (earlier and (r["env"], r["R"], r["context"]) not in fresh)] + rows
+    kept = {f"model-{r['env']}-{r['R']}-{r['context']}" for r in uh["rows"] if r["agent"].startswith("hf:")}
+    uh["raw"] = {k: v for k, v in uh["raw"].items() if not k.startswith("model-") or k in kept}
+    uh["raw"].update(raw)
+    results.setdefault("phase_seconds", {})[f"ultrahorizon model R={args.uh_model_steps} {args.uh_model_policies}"] = round(time.time() - t, 1)
+    cmd = (f"python benchmarks/bench_agent.py --only uh-model --uh-model-envs {args.uh_model_envs} "
+           f"--uh-model-steps {args.uh_model_steps} --uh-model-policies {args.uh_model_policies} "
+           f"--uh-model-runs {args.uh_model_runs} --uh-model-window {args.uh_model_window} "
+           f"--uh-max-new-tokens {args.uh_max_new_tokens} --workers {args.workers} --threads {args.threads}")
+    results["uh_model_commands"] = [c for c in results.get("uh_model_commands", []) if c != cmd] + [cmd]
+    write(results)
+    print(f"UltraHorizon model part {time.time() - t:.0f} s")
 
 
 def _ci(m) -> str:
@@ -167,7 +242,7 @@ def main() -> None:
     ap.add_argument("--env", default="grid-nav", help="PIPE env for the model rows")
     ap.add_argument("--oracle-tasks", type=int, default=50)
     ap.add_argument("--external-tasks", type=int, default=20, help="oracle episodes per real game (TWX, ScienceWorld)")
-    ap.add_argument("--only", default="", choices=["", "oracle", "pipe"],
+    ap.add_argument("--only", default="", choices=["", "oracle", "pipe", "uh-model"],
                     help="rerun only this part (oracle table, or the model rows of PIPE with --sft); the other "
                          "parts' results are kept from the existing JSON")
     ap.add_argument("--base-episodes", type=int, default=6)
@@ -185,7 +260,9 @@ def main() -> None:
     ap.add_argument("--uh-window", type=int, default=40)
     ap.add_argument("--uh-model-runs", type=int, default=2)
     ap.add_argument("--uh-model-envs", default="seq")
-    ap.add_argument("--uh-model-steps", type=int, default=5)
+    ap.add_argument("--uh-model-steps", default="5", help="comma-separated step budgets R")
+    ap.add_argument("--uh-model-policies", default="crnr", help="comma-separated context policies (crnr, sliding)")
+    ap.add_argument("--workers", type=int, default=1, help="processes for the model's UltraHorizon runs")
     ap.add_argument("--uh-model-window", type=int, default=12)
     ap.add_argument("--uh-max-new-tokens", type=int, default=96)
     ap.add_argument("--seed", type=int, default=0)
@@ -194,6 +271,8 @@ def main() -> None:
     args = ap.parse_args()
     if args.only == "oracle":
         return only_oracle(args)
+    if args.only == "uh-model":
+        return only_uh_model(args)
 
     import torch
 
@@ -332,6 +411,8 @@ def write(results: dict) -> None:
     lines = ["# bench-agent benchmark", "", f"Command: `{results['command']}`", ""]
     if results.get("oracle_command"):
         lines += [f"Oracle table rerun alone: `{results['oracle_command']}` (other parts from the command above).", ""]
+    for c in results.get("uh_model_commands", []):
+        lines += [f"UltraHorizon default-model rows rerun alone: `{c}`.", ""]
     if "oracle" in results:
         rows = [{"env": e, **{m: f"{v[m]['sr']:.2f} (n={v[m]['episodes']})" for m in MODES},
                  "env steps/s (none)": f"{v['none']['steps_per_s']:.0f}"} for e, v in results["oracle"].items()]

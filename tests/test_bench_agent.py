@@ -5,14 +5,13 @@ import json
 import math
 import threading
 from http.server import BaseHTTPRequestHandler, HTTPServer
-from pathlib import Path
 
 import pytest
 
 from conftest import run_cli
 
 from llmtool.bench_agent.agents import Turn, make_agent
-from llmtool.bench_agent.envs import BUILTIN, ENVS, make_env
+from llmtool.bench_agent.envs import BUILTIN, make_env
 from llmtool.bench_agent.harness import Episode, checked_spec, run_episode
 from llmtool.bench_agent.metrics import interface_reliance
 from llmtool.bench_agent.rewrite import DEPRECATED, MODES, RewriteSpec, Rewriter, display
@@ -282,6 +281,23 @@ def test_hf_agent_kv_reuse_matches_fresh_decoding(tiny_llama_dir):
     assert a.reused_tokens > 0
     assert b.act(msgs2).content == t2.content
     assert t2.usage["prompt"] > t1.usage["prompt"] and t2.entropy is not None
+
+
+def test_hf_agent_greedy_equals_transformers_generate(tiny_llama_dir):
+    """The agent's own decoding loop (KV cache, last-position logits only) gives transformers' greedy tokens."""
+    import torch
+
+    from llmtool.bench_agent.agents import HFAgent
+
+    agent = HFAgent(str(tiny_llama_dir), max_new_tokens=7, stop=("\x00",))
+    msgs = [{"role": "system", "content": "You walk."}, {"role": "user", "content": "Position 1."}]
+    turn = agent.act(msgs)
+    ids = torch.tensor([agent.render(msgs)])
+    with torch.no_grad():
+        ref = agent.model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=7, do_sample=False,
+                                   eos_token_id=agent.tok.eos_token_id, pad_token_id=agent.tok.eos_token_id)
+    ref_ids = [t for t in ref[0, ids.shape[1]:].tolist() if t != agent.tok.eos_token_id]
+    assert turn.content == agent.tok.decode(ref_ids, skip_special_tokens=True).strip()
 
 
 def test_cli_hf_agent_tiny_model(tiny_llama_dir, tmp_path):

@@ -6,7 +6,7 @@ import json
 import pytest
 import torch
 
-from conftest import TINY_TEXT, build_tokenizer, run_cli, run_cli_subprocess, save_tiny
+from conftest import build_tokenizer, run_cli, run_cli_subprocess, save_tiny
 
 torch.set_num_threads(2)
 

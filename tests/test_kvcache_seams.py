@@ -4,7 +4,6 @@ registries, no hidden thread policy."""
 from __future__ import annotations
 
 import json
-import math
 
 import pytest
 import torch

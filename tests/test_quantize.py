@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from conftest import build_tiny_llama, run_cli, run_cli_subprocess
-from llmtool.quantize import QuaRotConfig, ReSpinQuantConfig, RTNConfig, SpinQuantConfig, quantize_
+from llmtool.quantize import QuaRotConfig, ReSpinQuantConfig, RTNConfig, quantize_
 from llmtool.quantize import rotations as R
 from llmtool.quantize.api import _replace_linears, install_low_rank_transitions
 from llmtool.quantize.gptq import gptq_weight

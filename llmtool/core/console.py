@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import sys
 from dataclasses import dataclass
-from typing import Any, Iterable, Iterator, Sequence, TypeVar
+from typing import Any, Iterable, Iterator, NoReturn, Sequence, TypeVar
 
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
@@ -129,7 +129,7 @@ def _json_default(obj: Any) -> Any:
     return str(obj)
 
 
-def fail(message: str, code: int = 2) -> "NoReturn":  # type: ignore[name-defined]
+def fail(message: str, code: int = 2) -> NoReturn:
     """Print ``error: message`` on stderr and exit with ``code`` (no traceback)."""
     stderr.print(f"[red]error:[/red] {message}", highlight=False, soft_wrap=True)
     raise SystemExit(code)

@@ -69,7 +69,7 @@ def _threads():
 @app.command("data")
 def data_cmd(
     out: OutDirArg,
-    domains: Annotated[str, typer.Option("--domains", help="Comma-separated trainable domains (math, reverse).")] = "math,reverse",
+    domains: Annotated[str, typer.Option("--domains", help="Comma-separated trainable domains (math, code, reverse).")] = "math,code",
     train: Annotated[int, typer.Option("--train", min=1, help="Training rows per domain (protocol: 2000).")] = 2000,
     test: Annotated[int, typer.Option("--test", min=1, help="Test rows per domain (protocol: 200).")] = 200,
     transfer: Annotated[str, typer.Option("--transfer", help="Comma-separated report-only sets (gsm), or ''.")] = "",
@@ -492,7 +492,6 @@ def baseline_cmd(
             if all("answer" in r and "domain" in r for r in rows):
                 j.report.update(score_records(rows, recs, names))
         elif config.name in ("merge-ta", "merge-dare"):
-            from llmtool.core.checkpoint import load_state_dict
             from llmtool.route.merging import dare, task_arithmetic
             from llmtool.route.vocab import check_same_tokenizer
 

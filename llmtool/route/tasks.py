@@ -7,6 +7,8 @@ score of 1.0 counts as correct):
   of the output).
 - ``reverse``: ``spell_backward`` on 3–5 letter words (answer: the reversed word; extraction: the first
   word of the output, lower-cased, quotes/punctuation stripped).
+- ``code``: generated "write ``def f(...)``" tasks with hidden asserts, scored by running the output's
+  function in the shared sandbox (:mod:`llmtool.route.codetasks`; not reasoning-gym).
 - ``gsm``: ``gsm_symbolic`` (100 GSM8K-derived templates), a hard math *transfer* set: report only,
   never trained on.
 
@@ -50,6 +52,7 @@ class Domain:
 DOMAINS: dict[str, Domain] = {
     "math": Domain("math", "chain_sum", {"min_terms": 2, "max_terms": 2, "min_digits": 1, "max_digits": 2}),
     "reverse": Domain("reverse", "spell_backward", {"min_word_len": 3, "max_word_len": 5}, _first_word),
+    "code": Domain("code", "code"),
     "gsm": Domain("gsm", "gsm_symbolic", {}, _last_int, trainable=False),
 }
 
@@ -72,16 +75,23 @@ def make_split(name: str, size: int, seed: int, split: str, exclude: set[str] = 
     """``size`` rows of domain ``name`` (questions in ``exclude`` skipped; oversampled to fill)."""
     d = domain(name)
     rows, seen = [], set(exclude)
-    ds = _dataset(d, max(4 * size, 16), seed)
-    for i in range(len(ds)):
-        item = ds[i]
-        q = item["question"] + SUFFIX
+    if d.generator == "code":
+        from llmtool.route import codetasks
+
+        items, suffix = (codetasks.item(seed + i) for i in range(max(8 * size, 16))), codetasks.SUFFIX
+    else:
+        ds = _dataset(d, max(4 * size, 16), seed)
+        items, suffix = (ds[i] for i in range(len(ds))), SUFFIX
+    for item in items:
+        q = item["question"] + suffix
         if q in seen:
             continue
         seen.add(q)
         ans = str(item["answer"])
-        rows.append({"id": f"{name}-{split}-{len(rows)}", "domain": name, "prompt": q,
-                     "answer": ans, "response": ans})
+        row = {"id": f"{name}-{split}-{len(rows)}", "domain": name, "prompt": q, "answer": ans, "response": ans}
+        if "tests" in item:
+            row["tests"] = item["tests"]
+        rows.append(row)
         if len(rows) == size:
             break
     return rows
@@ -90,6 +100,10 @@ def make_split(name: str, size: int, seed: int, split: str, exclude: set[str] = 
 def score(row: dict, output: str) -> float:
     """1.0 when the extracted answer of ``output`` is correct for ``row`` (reasoning-gym verifier)."""
     d = domain(row["domain"])
+    if d.generator == "code":
+        from llmtool.route import codetasks
+
+        return codetasks.score(row, output)
     got = d.extract(output)
     if not got:
         return 0.0

@@ -13,8 +13,7 @@ import hashlib
 import importlib.util
 from pathlib import Path
 
-from llmtool.core.console import UsageError, info
-from llmtool.core.defaults import home
+from llmtool.core.console import UsageError
 
 FORTUNES_DEB = "fortunes"
 FORTUNES_SYSTEM = Path("/usr/share/games/fortunes")

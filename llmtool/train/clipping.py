@@ -20,10 +20,13 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import ClassVar, Iterable
+from typing import TYPE_CHECKING, ClassVar, Iterable
 
 from llmtool.core.console import UsageError
 from llmtool.core.registry import MethodConfig, Registry, option
+
+if TYPE_CHECKING:
+    import torch
 
 # torch is imported inside functions so that building the CLI (which reads this registry) stays fast.
 PRESETS = {  # mirrored in llmtool.train.adagc (checked by a test)
@@ -68,7 +71,7 @@ class NoClip(_Base):
 
     def clip_(self):
         torch, A = _t()
-        grad_norms, make_stats, scale_grads_ = A.grad_norms, A.make_stats, A.scale_grads_
+        grad_norms, make_stats = A.grad_norms, A.make_stats
         names, grads = self._live()
         norms = grad_norms(grads).double().cpu()
         self.step += 1

@@ -1,0 +1,105 @@
+"""The ``code`` domain of the FusionRoute experiments: generated "write ``def f(...)``" tasks with hidden
+asserts, scored by running the model's function in the shared sandbox (:mod:`llmtool.core.sandbox`).
+
+The issue asks for "code from generated `def f(...)` tasks with asserts". Reconstructed choices [R]:
+
+- Fourteen one-line task families over an int, a list of ints or a string (add, subtract, multiply,
+  remainder, floor division, comparison, square plus, sum/max of a list plus, scaled list, count above,
+  prefix, repeat, suffix), each with a constant ``k`` and a parameter name drawn from three per type, so
+  a 2,000-row split has few repeated prompts and the test split needs the family learned, not the row.
+- The SFT target is the two-line reference ``def f(x):\\n    return ...``; the row's ``answer`` holds the
+  same code. Five hidden test inputs per row; the expected outputs come from each family's reference
+  function, written here beside its expression (our own code; nothing generated runs in this process).
+- Scoring: the code is taken from the output (from the first ``def`` on, fences dropped, up to the first
+  unindented line that is not part of the function), defined once in one sandboxed process and called
+  on every test input (:func:`llmtool.core.sandbox.call_many`); correct = every output equal to the
+  expected value after a JSON round trip. Model output never runs in this process.
+"""
+from __future__ import annotations
+
+import random
+import re
+from typing import Callable
+
+SUFFIX = "\nAnswer with the code only."
+N_TESTS = 5
+
+_INT_NAMES = ("x", "n", "a")
+_LIST_NAMES = ("xs", "nums", "values")
+_STR_NAMES = ("s", "text", "word")
+_WORDS = ("apple", "river", "stone", "cloud", "green", "tiger", "lemon", "piano", "robot", "ocean", "maple",
+          "candle", "silver", "garden", "planet", "winter", "yellow", "bridge", "forest", "mirror")
+
+# (kind, description with {v} and {k}, return expression with {v} and {k}, k range, reference value)
+FAMILIES: tuple[tuple[str, str, str, tuple[int, int], Callable], ...] = (
+    ("int", "adds {k} to {v}", "{v} + {k}", (2, 99), lambda p, k: p + k),
+    ("int", "subtracts {k} from {v}", "{v} - {k}", (2, 99), lambda p, k: p - k),
+    ("int", "multiplies {v} by {k}", "{v} * {k}", (2, 99), lambda p, k: p * k),
+    ("int", "returns the remainder of {v} divided by {k}", "{v} % {k}", (2, 99), lambda p, k: p % k),
+    ("int", "returns {v} divided by {k}, rounded down", "{v} // {k}", (2, 99), lambda p, k: p // k),
+    ("int", "returns True if {v} is greater than {k} and False otherwise", "{v} > {k}", (2, 99),
+     lambda p, k: p > k),
+    ("int", "returns the square of {v} plus {k}", "{v} * {v} + {k}", (2, 99), lambda p, k: p * p + k),
+    ("list", "returns the sum of the list {v} plus {k}", "sum({v}) + {k}", (2, 99), lambda p, k: sum(p) + k),
+    ("list", "returns the largest element of the list {v} plus {k}", "max({v}) + {k}", (2, 99),
+     lambda p, k: max(p) + k),
+    ("list", "returns the list {v} with every element multiplied by {k}", "[e * {k} for e in {v}]", (2, 99),
+     lambda p, k: [e * k for e in p]),
+    ("list", "returns how many elements of the list {v} are greater than {k}",
+     "sum(1 for e in {v} if e > {k})", (2, 49), lambda p, k: sum(1 for e in p if e > k)),
+    ("list", "returns the first {k} elements of the list {v}", "{v}[:{k}]", (1, 5), lambda p, k: p[:k]),
+    ("str", "returns the string {v} repeated {k} times", "{v} * {k}", (2, 9), lambda p, k: p * k),
+    ("str", "returns the last {k} characters of the string {v}", "{v}[-{k}:]", (1, 4), lambda p, k: p[-k:]),
+)
+
+
+def _names(kind: str) -> tuple[str, ...]:
+    return {"int": _INT_NAMES, "list": _LIST_NAMES, "str": _STR_NAMES}[kind]
+
+
+def _inputs(kind: str, rng: random.Random) -> list:
+    if kind == "int":
+        return [rng.randint(-20, 150) for _ in range(N_TESTS)]
+    if kind == "list":
+        return [[rng.randint(0, 60) for _ in range(rng.randint(1, 7))] for _ in range(N_TESTS)]
+    return [rng.choice(_WORDS) for _ in range(N_TESTS)]
+
+
+def item(seed: int) -> dict:
+    """One task from ``seed``: prompt, reference code, hidden tests ``[[args], expected]``."""
+    rng = random.Random(seed)
+    kind, desc, expr, (lo, hi), ref = FAMILIES[rng.randrange(len(FAMILIES))]
+    v, k = rng.choice(_names(kind)), rng.randint(lo, hi)
+    body = expr.format(v=v, k=k)
+    code = f"def f({v}):\n    return {body}"
+    tests = [[[a], ref(a, k)] for a in _inputs(kind, rng)]
+    return {"question": f"Write a Python function f({v}) that {desc.format(v=v, k=k)}.", "answer": code,
+            "tests": tests}
+
+
+def extract_code(output: str) -> str:
+    """The function in a model output: from the first ``def`` on, code fences dropped, up to the first
+    unindented line that is neither a ``def`` nor blank."""
+    text = output.replace("```python", "\n").replace("```", "\n")
+    m = re.search(r"^def |(?<=\s)def ", text, flags=re.M)
+    if not m:
+        return ""
+    lines = text[m.start():].splitlines()
+    keep = [lines[0]]
+    for line in lines[1:]:
+        if line and not line[0].isspace() and not line.startswith("def "):
+            break
+        keep.append(line)
+    return "\n".join(keep).rstrip()
+
+
+def score(row: dict, output: str) -> float:
+    """1.0 when the output's function passes every hidden test of ``row`` in the sandbox, else 0.0."""
+    from llmtool.core.sandbox import SandboxLimits, call_many
+
+    code = extract_code(output)
+    tests = row.get("tests") or []
+    if not code or not tests:
+        return 0.0
+    results = call_many(code, "f", [args for args, _ in tests], limits=SandboxLimits(cpu_seconds=5, wall_seconds=10))
+    return float(all(r.ok and r.value == expected for r, (_, expected) in zip(results, tests)))
