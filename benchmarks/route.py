@@ -30,7 +30,8 @@ PY = [sys.executable, "-m", "llmtool"]
 def run_measured(args: list[str], log: list, env: dict) -> dict:
     """Like :func:`sh` but reaps the child with wait4 to get its own peak memory."""
     cmd = PY + [str(a) for a in args]
-    text = "llmtool " + " ".join(shlex.quote(str(a)) for a in args)
+    # recorded with the work directory as $W: a machine-local path never lands in the results
+    text = ("llmtool " + " ".join(shlex.quote(str(a)) for a in args)).replace(env["ROUTE_BENCH_WORK"], "$W")
     print("$ " + text, flush=True)
     t0 = time.time()
     with open(os.devnull, "w") as devnull:
@@ -62,7 +63,7 @@ def mean_gap_ci(a: list[dict], b: list[dict]) -> dict:
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--model", default="smollm2-135m")
-    ap.add_argument("--domains", default="math,reverse")
+    ap.add_argument("--domains", default="math,code")
     ap.add_argument("--train", type=int, default=160, help="training rows per domain (issue protocol: 2000)")
     ap.add_argument("--test", type=int, default=40, help="test rows per domain (issue protocol: 200)")
     ap.add_argument("--router-rows", type=int, default=96, help="router SFT rows (mixed; 0 = all training rows)")
@@ -72,7 +73,7 @@ def main() -> None:
     ap.add_argument("--batch-size", type=int, default=8)
     ap.add_argument("--union-max-steps", type=int, default=-1,
                     help="sft-union steps (-1 = --epochs over the union, the experts' combined budget)")
-    ap.add_argument("--max-new-tokens", type=int, default=8)
+    ap.add_argument("--max-new-tokens", type=int, default=24, help="24 fits the longest code answer (21 tokens)")
     ap.add_argument("--template", default="raw", help="raw (CPU default: shorter sequences) or chat")
     ap.add_argument("--cdpo", action="store_true", help="also run make-prefs + stage cdpo and evaluate it")
     ap.add_argument("--threads", type=int, default=2)

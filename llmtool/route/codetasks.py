@@ -8,10 +8,10 @@ The issue asks for "code from generated `def f(...)` tasks with asserts". Recons
   prefix, repeat, suffix), each with a constant ``k`` and a parameter name drawn from three per type, so
   a 2,000-row split has few repeated prompts and the test split needs the family learned, not the row.
 - The SFT target is the two-line reference ``def f(x):\\n    return ...``; the row's ``answer`` holds the
-  same code. Five hidden test inputs per row; the expected outputs come from each family's reference
+  same code. Five hidden test inputs per row, two of them at the constant (``k``, ``k + 1``); the expected outputs come from each family's reference
   function, written here beside its expression (our own code; nothing generated runs in this process).
-- Scoring: the code is taken from the output (from the first ``def`` on, fences dropped, up to the first
-  unindented line that is not part of the function), defined once in one sandboxed process and called
+- Scoring: the code is taken from the output (from the first ``def`` on, fences dropped, up to the next
+  unindented non-blank line: a second function or prose is not scored), defined once in one sandboxed process and called
   on every test input (:func:`llmtool.core.sandbox.call_many`); correct = every output equal to the
   expected value after a JSON round trip. Model output never runs in this process.
 """
@@ -57,11 +57,15 @@ def _names(kind: str) -> tuple[str, ...]:
     return {"int": _INT_NAMES, "list": _LIST_NAMES, "str": _STR_NAMES}[kind]
 
 
-def _inputs(kind: str, rng: random.Random) -> list:
+def _inputs(kind: str, k: int, rng: random.Random) -> list:
+    """Five test inputs; the first ones sit at the constant (``k``, ``k + 1``) so that comparison, floor
+    division, remainder and counting tasks tell ``k`` from its neighbours."""
     if kind == "int":
-        return [rng.randint(-20, 150) for _ in range(N_TESTS)]
+        return [k, k + 1] + [rng.randint(-20, 150) for _ in range(N_TESTS - 2)]
     if kind == "list":
-        return [[rng.randint(0, 60) for _ in range(rng.randint(1, 7))] for _ in range(N_TESTS)]
+        first = [k, k + 1] + [rng.randint(0, 60) for _ in range(rng.randint(0, 4))]
+        rng.shuffle(first)
+        return [first] + [[rng.randint(0, 60) for _ in range(rng.randint(1, 7))] for _ in range(N_TESTS - 1)]
     return [rng.choice(_WORDS) for _ in range(N_TESTS)]
 
 
@@ -72,14 +76,14 @@ def item(seed: int) -> dict:
     v, k = rng.choice(_names(kind)), rng.randint(lo, hi)
     body = expr.format(v=v, k=k)
     code = f"def f({v}):\n    return {body}"
-    tests = [[[a], ref(a, k)] for a in _inputs(kind, rng)]
+    tests = [[[a], ref(a, k)] for a in _inputs(kind, k, rng)]
     return {"question": f"Write a Python function f({v}) that {desc.format(v=v, k=k)}.", "answer": code,
             "tests": tests}
 
 
 def extract_code(output: str) -> str:
-    """The function in a model output: from the first ``def`` on, code fences dropped, up to the first
-    unindented line that is neither a ``def`` nor blank."""
+    """The first function in a model output: from the first ``def`` on, code fences dropped, up to the
+    next unindented non-blank line (a second ``def``, prose)."""
     text = output.replace("```python", "\n").replace("```", "\n")
     m = re.search(r"^def |(?<=\s)def ", text, flags=re.M)
     if not m:
@@ -87,7 +91,7 @@ def extract_code(output: str) -> str:
     lines = text[m.start():].splitlines()
     keep = [lines[0]]
     for line in lines[1:]:
-        if line and not line[0].isspace() and not line.startswith("def "):
+        if line and not line[0].isspace():
             break
         keep.append(line)
     return "\n".join(keep).rstrip()

@@ -1,0 +1,72 @@
+"""The route `code` domain: generated `def f(...)` tasks, hidden tests, sandbox scoring."""
+from __future__ import annotations
+
+import json
+import re
+
+from conftest import run_cli
+
+from llmtool.route import codetasks
+from llmtool.route.tasks import correct, make_split
+
+
+def test_items_are_deterministic_and_references_pass_their_tests():
+    items = [codetasks.item(s) for s in range(40)]
+    assert items == [codetasks.item(s) for s in range(40)]
+    shapes = {re.sub(r"\d+", "K", it["answer"].split("return ")[1]) for it in items}
+    assert len(shapes) >= 8                                  # several families, not one template
+    for it in items[:12]:
+        row = {"domain": "code", "answer": it["answer"], "tests": it["tests"]}
+        assert correct(row, it["answer"]), it
+
+
+def test_a_wrong_or_missing_function_scores_zero():
+    it = codetasks.item(3)
+    row = {"domain": "code", "answer": it["answer"], "tests": it["tests"]}
+    head, body = it["answer"].split("return ")
+    assert not correct(row, head + "return None")
+    assert not correct(row, "I do not know.")
+    assert not correct(row, head + "return (")               # syntax error: caught in the sandbox
+    # the hidden tests tell the constant k from k + 1 (k is each body's last integer literal)
+    told = 0
+    for seed in range(60):
+        it = codetasks.item(seed)
+        row = {"domain": "code", "answer": it["answer"], "tests": it["tests"]}
+        body = it["answer"].split("return ", 1)[1]
+        m = list(re.finditer(r"\d+", body))[-1]
+        wrong = body[:m.start()] + str(int(m.group()) + 1) + body[m.end():]
+        told += not correct(row, it["answer"].split("return ", 1)[0] + "return " + wrong)
+    assert told >= 54, told
+
+
+def test_extract_code_takes_the_first_function_only():
+    out = "```python\ndef f(x):\n    return x + 3\n```\nThis adds three.\ndef g(y):\n    return ("
+    assert codetasks.extract_code(out) == "def f(x):\n    return x + 3"
+    assert codetasks.extract_code("Sure! def f(n):\n    return n * 2\nprint(f(2))") == "def f(n):\n    return n * 2"
+    assert codetasks.extract_code("no code here") == ""
+
+
+def test_model_output_never_runs_in_process(tmp_path):
+    marker = tmp_path / "ran"
+    it = codetasks.item(0)
+    row = {"domain": "code", "answer": it["answer"], "tests": it["tests"]}
+    evil = f"def f(x):\n    open({str(marker)!r}, 'w').write('x')\n    return x"
+    assert not correct(row, evil)
+    assert not marker.exists()
+
+
+def test_splits_are_unique_and_disjoint():
+    tr = make_split("code", 300, 0, "train")
+    te = make_split("code", 60, 500_000, "test", exclude={r["prompt"] for r in tr})
+    assert len({r["prompt"] for r in tr}) == 300 and len(te) == 60
+    assert not {r["prompt"] for r in tr} & {r["prompt"] for r in te}
+    assert all(r["response"] == r["answer"] and r["tests"] for r in tr)
+
+
+def test_cli_route_data_with_the_code_domain(tmp_path):
+    code, out, err = run_cli("--seed", "1", "route", "data", tmp_path / "d", "--domains", "math,code",
+                             "--train", "20", "--test", "10", "--json")
+    assert code == 0, err
+    rows = [json.loads(x) for x in (tmp_path / "d" / "test.jsonl").read_text().splitlines()]
+    assert {r["domain"] for r in rows} == {"math", "code"}
+    assert all("tests" in r for r in rows if r["domain"] == "code")
