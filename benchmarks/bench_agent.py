@@ -7,6 +7,8 @@ model at a tiny horizon) and harness cost.
     python benchmarks/bench_agent.py --sft           # + fine-tune on oracle trajectories (shared trainer)
     python benchmarks/bench_agent.py --sft --base-episodes 20 --train-tasks 400 --sft-steps 300   # GPU scale
     python benchmarks/bench_agent.py --only oracle   # rerun the oracle table only; other parts kept from the JSON
+    python benchmarks/bench_agent.py --only uh-model --uh-model-envs grid,seq,bio --uh-model-steps 3,10 \
+        --uh-model-runs 8 --workers 2                 # the default model's UltraHorizon cells only
 
 Writes benchmarks/results/bench_agent.{json,md,png}. Acceptance gates are reported as met / NOT met
 with the measured figure; nothing is hard-coded.
@@ -413,6 +415,8 @@ def write(results: dict) -> None:
         lines += [f"Oracle table rerun alone: `{results['oracle_command']}` (other parts from the command above).", ""]
     for c in results.get("uh_model_commands", []):
         lines += [f"UltraHorizon default-model rows rerun alone: `{c}`.", ""]
+    if results.get("uh_model_note"):
+        lines += [results["uh_model_note"], ""]
     if "oracle" in results:
         rows = [{"env": e, **{m: f"{v[m]['sr']:.2f} (n={v[m]['episodes']})" for m in MODES},
                  "env steps/s (none)": f"{v['none']['steps_per_s']:.0f}"} for e, v in results["oracle"].items()]
