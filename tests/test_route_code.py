@@ -70,3 +70,23 @@ def test_cli_route_data_with_the_code_domain(tmp_path):
     rows = [json.loads(x) for x in (tmp_path / "d" / "test.jsonl").read_text().splitlines()]
     assert {r["domain"] for r in rows} == {"math", "code"}
     assert all("tests" in r for r in rows if r["domain"] == "code")
+
+
+def test_humaneval_transfer_scores_in_the_sandbox():
+    rows = make_split("humaneval", 4, 0, "transfer")
+    assert [r["humaneval"]["task_id"] for r in rows] == [f"HumanEval/{i}" for i in range(4)]
+    assert all(r["prompt"].startswith(codetasks.HUMANEVAL_INSTRUCTION) for r in rows)
+    for r in rows:
+        body = r["answer"][len(r["humaneval"]["prompt"]):]
+        assert correct(r, body)                       # completion style: the body after the prompt
+        assert correct(r, "```python\n" + r["answer"] + "\n```")   # a whole function replaces the stub
+        assert not correct(r, "    return None\n")
+        assert not correct(r, "")
+
+
+def test_cli_route_data_humaneval_transfer(tmp_path):
+    code, out, err = run_cli("route", "data", tmp_path / "d", "--domains", "code", "--train", "5", "--test", "3",
+                             "--transfer", "humaneval", "--json")
+    assert code == 0, err
+    tx = [json.loads(x) for x in (tmp_path / "d" / "transfer.jsonl").read_text().splitlines()]
+    assert len(tx) == 3 and all(r["domain"] == "humaneval" for r in tx)

@@ -72,7 +72,7 @@ def data_cmd(
     domains: Annotated[str, typer.Option("--domains", help="Comma-separated trainable domains (math, code, reverse).")] = "math,code",
     train: Annotated[int, typer.Option("--train", min=1, help="Training rows per domain (protocol: 2000).")] = 2000,
     test: Annotated[int, typer.Option("--test", min=1, help="Test rows per domain (protocol: 200).")] = 200,
-    transfer: Annotated[str, typer.Option("--transfer", help="Comma-separated report-only sets (gsm), or ''.")] = "",
+    transfer: Annotated[str, typer.Option("--transfer", help="Comma-separated report-only sets (gsm, humaneval), or ''.")] = "",
     overwrite: Overwrite = False,
 ) -> None:
     """Write deterministic task data (reasoning-gym generators): OUT/train.jsonl, OUT/test.jsonl,

