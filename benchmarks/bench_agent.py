@@ -133,6 +133,14 @@ def uh_part(args, work: Path) -> dict:
     return {"rows": rows, "raw": raw}
 
 
+def previous_results() -> dict:
+    """The results a partial rerun (``--only ...``) updates: the existing JSON, or an empty skeleton."""
+    prev = RESULTS / "bench_agent.json"
+    results = json.loads(prev.read_text()) if prev.is_file() else {"command": "", "config": {}, "gates": {}}
+    results.setdefault("pipe", {})
+    return results
+
+
 _UH_AGENT = None
 
 
@@ -198,8 +206,7 @@ def uh_model_part(args, work: Path) -> tuple[list[dict], dict]:
 
 def only_uh_model(args) -> None:
     """``--only uh-model``: rerun the default model's UltraHorizon rows, keep every other part."""
-    prev = RESULTS / "bench_agent.json"
-    results = json.loads(prev.read_text()) if prev.is_file() else {"command": "", "config": {}, "pipe": {}, "gates": {}}
+    results = previous_results()
     work = Path(args.work or tempfile.mkdtemp(prefix="bench_agent_"))
     t = time.time()
     print("== UltraHorizon, default model (other parts kept from the previous run)", flush=True)
@@ -296,9 +303,8 @@ def main() -> None:
     command = " ".join(["python benchmarks/bench_agent.py", *shown])
     config = {k: v for k, v in vars(args).items() if k != "work"}
     if args.only == "pipe":
-        prev = RESULTS / "bench_agent.json"
-        results = json.loads(prev.read_text()) if prev.is_file() else {"command": "", "config": {}, "gates": {}}
-        results.setdefault("pipe", {}).pop(args.env, None)       # other environments' rows are kept
+        results = previous_results()
+        results["pipe"].pop(args.env, None)       # other environments' rows are kept
         if args.env == ACCEPTANCE_ENV:
             results["gates"] = {k: v for k, v in results["gates"].items()
                                 if not k.startswith(("base_ir", "ft_", "sft_"))}
@@ -391,8 +397,7 @@ def oracle_gate(oracle: dict) -> bool:
 
 def only_oracle(args) -> None:
     """``--only oracle``: rerun the oracle table, keep every other part of the previous results."""
-    prev = RESULTS / "bench_agent.json"
-    results = json.loads(prev.read_text()) if prev.is_file() else {"command": "", "config": {}, "pipe": {}, "gates": {}}
+    results = previous_results()
     work = Path(args.work or tempfile.mkdtemp(prefix="bench_agent_"))
     t = time.time()
     print("== oracle under every rewrite (other parts kept from the previous run)", flush=True)

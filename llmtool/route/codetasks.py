@@ -8,12 +8,13 @@ The issue asks for "code from generated `def f(...)` tasks with asserts". Recons
   prefix, repeat, suffix), each with a constant ``k`` and a parameter name drawn from three per type, so
   a 2,000-row split has few repeated prompts and the test split needs the family learned, not the row.
 - The SFT target is the two-line reference ``def f(x):\\n    return ...``; the row's ``answer`` holds the
-  same code. Five hidden test inputs per row, two of them at the constant (``k``, ``k + 1``); the expected outputs come from each family's reference
-  function, written here beside its expression (our own code; nothing generated runs in this process).
+  same code. Five hidden test inputs per row, two of them at the constant (``k``, ``k + 1``); the expected
+  outputs come from each family's reference function, written here beside its expression (our own code;
+  nothing generated runs in this process).
 - Scoring: the code is taken from the output (from the first ``def`` on, fences dropped, up to the next
-  unindented non-blank line: a second function or prose is not scored), defined once in one sandboxed process and called
-  on every test input (:func:`llmtool.core.sandbox.call_many`); correct = every output equal to the
-  expected value after a JSON round trip. Model output never runs in this process.
+  unindented non-blank line: a second function or prose is not scored), defined once in one sandboxed
+  process and called on every test input (:func:`llmtool.core.sandbox.call_many`); correct = every output
+  equal to the expected value after a JSON round trip. Model output never runs in this process.
 """
 from __future__ import annotations
 
@@ -81,10 +82,19 @@ def item(seed: int) -> dict:
             "tests": tests}
 
 
+def _strip_fences(output: str) -> str:
+    return output.replace("```python", "\n").replace("```", "\n")
+
+
+def items(seed: int, size: int):
+    """Enough generated tasks to fill ``size`` unique prompts (``route.tasks`` skips repeats)."""
+    return (item(seed + i) for i in range(max(8 * size, 16)))
+
+
 def extract_code(output: str) -> str:
     """The first function in a model output: from the first ``def`` on, code fences dropped, up to the
     next unindented non-blank line (a second ``def``, prose)."""
-    text = output.replace("```python", "\n").replace("```", "\n")
+    text = _strip_fences(output)
     m = re.search(r"^def |(?<=\s)def ", text, flags=re.M)
     if not m:
         return ""
@@ -118,7 +128,9 @@ def score(row: dict, output: str) -> float:
 HUMANEVAL_INSTRUCTION = "Complete this Python function.\n\n"
 
 
-def humaneval_items() -> list[dict]:
+def humaneval_items(seed: int = 0, size: int = 0) -> list[dict]:
+    """The 164 problems in their fixed order (``seed`` and ``size`` do not apply; the caller takes the first
+    ``size``)."""
     import gzip
     import json as _json
     from importlib import resources
@@ -139,10 +151,11 @@ def humaneval_items() -> list[dict]:
 def humaneval_program(meta: dict, output: str) -> str:
     """The program the sandbox runs: the problem's prompt (imports, helpers, stub) with the output's function
     or body, then HumanEval's ``check``."""
-    text = output.replace("```python", "\n").replace("```", "\n")
+    text = _strip_fences(output)
     entry = meta["entry_point"]
-    if re.search(rf"^\s*def {re.escape(entry)}\s*\(", text, flags=re.M):
-        body = meta["prompt"] + "\n    pass\n\n" + text[re.search(rf"def {re.escape(entry)}\s*\(", text).start():]
+    m = re.search(rf"^\s*(def {re.escape(entry)}\s*\()", text, flags=re.M)
+    if m:
+        body = meta["prompt"] + "\n    pass\n\n" + text[m.start(1):]
     else:
         body = meta["prompt"] + text
     return f"{body}\n\n{meta['test']}\n\ncheck({entry})\n"

@@ -24,9 +24,10 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import Callable, Iterable
 
 from llmtool.core.console import UsageError
+from llmtool.route import codetasks
 from llmtool.core.intervals import wilson  # noqa: F401  (route.pipeline imports it from here)
 
 SUFFIX = "\nAnswer with the result only."
@@ -49,14 +50,20 @@ class Domain:
     config: dict = field(default_factory=dict)
     extract: Callable[[str], str] = _last_int
     trainable: bool = True
+    # domains not from reasoning-gym: their own items ``(seed, size) -> question/answer dicts``, prompt suffix
+    # and scorer ``(row, output) -> float``
+    items: Callable[[int, int], Iterable[dict]] | None = None
+    suffix: str = SUFFIX
+    scorer: Callable[[dict, str], float] | None = None
 
 
 DOMAINS: dict[str, Domain] = {
     "math": Domain("math", "chain_sum", {"min_terms": 2, "max_terms": 2, "min_digits": 1, "max_digits": 2}),
     "reverse": Domain("reverse", "spell_backward", {"min_word_len": 3, "max_word_len": 5}, _first_word),
-    "code": Domain("code", "code"),
+    "code": Domain("code", "code", items=codetasks.items, suffix=codetasks.SUFFIX, scorer=codetasks.score),
     "gsm": Domain("gsm", "gsm_symbolic", {}, _last_int, trainable=False),
-    "humaneval": Domain("humaneval", "humaneval", trainable=False),
+    "humaneval": Domain("humaneval", "humaneval", trainable=False, items=codetasks.humaneval_items, suffix="",
+                        scorer=codetasks.humaneval_score),
 }
 
 
@@ -78,19 +85,13 @@ def make_split(name: str, size: int, seed: int, split: str, exclude: set[str] = 
     """``size`` rows of domain ``name`` (questions in ``exclude`` skipped; oversampled to fill)."""
     d = domain(name)
     rows, seen = [], set(exclude)
-    if d.generator == "code":
-        from llmtool.route import codetasks
-
-        items, suffix = (codetasks.item(seed + i) for i in range(max(8 * size, 16))), codetasks.SUFFIX
-    elif d.generator == "humaneval":           # fixed problems, in order (the seed does not apply)
-        from llmtool.route import codetasks
-
-        items, suffix = iter(codetasks.humaneval_items()), ""
+    if d.items is not None:
+        items = d.items(seed, size)
     else:
         ds = _dataset(d, max(4 * size, 16), seed)
-        items, suffix = (ds[i] for i in range(len(ds))), SUFFIX
+        items = (ds[i] for i in range(len(ds)))
     for item in items:
-        q = item["question"] + suffix
+        q = item["question"] + d.suffix
         if q in seen:
             continue
         seen.add(q)
@@ -108,10 +109,8 @@ def make_split(name: str, size: int, seed: int, split: str, exclude: set[str] = 
 def score(row: dict, output: str) -> float:
     """1.0 when the extracted answer of ``output`` is correct for ``row`` (reasoning-gym verifier)."""
     d = domain(row["domain"])
-    if d.generator in ("code", "humaneval"):
-        from llmtool.route import codetasks
-
-        return codetasks.score(row, output) if d.generator == "code" else codetasks.humaneval_score(row, output)
+    if d.scorer is not None:
+        return d.scorer(row, output)
     got = d.extract(output)
     if not got:
         return 0.0
