@@ -187,7 +187,8 @@ def run_one(job: dict) -> dict:
     from llmtool.core.trainer import TrainArgs
     from llmtool.train.clipping import CLIPPERS
     from llmtool.train.faults import Faults
-    from llmtool.train.pretrain import eval_loss, tiny_llama, train_with_clipper
+    from llmtool.core.models import tiny_llama
+    from llmtool.train.pretrain import eval_loss, train_with_clipper
 
     a, data = job["args"], job["data"]
     clip_name, opts = ARMS[job["arm"]]
@@ -556,7 +557,7 @@ def main(argv=None) -> dict:
     out = Path(a.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     data = load_data(a)
-    from llmtool.train.pretrain import tiny_llama
+    from llmtool.core.models import tiny_llama
 
     n_params = sum(p.numel() for p in tiny_llama(data["vocab"], layers=a.layers, d_model=a.d_model, heads=a.heads,
                                                   max_length=a.max_length).parameters())

@@ -452,6 +452,8 @@ FAST_FAIL: dict[str, list[str]] = {
     "select-data select": ["{m}.jsonl", "--features", "{m}.npz", "-o", "{o}"],
     "select-data distill": ["{m}.json", "{m}.jsonl", "-o", "{o}"],
     "select-data label": ["{m}.jsonl", "--student", "{m}", "-o", "{o}"],
+    "select-data mix": ["{m}.jsonl", "-o", "{o}.json"],
+    "select-data sample": ["{m}.jsonl", "--weights", "natural", "--tokens", "10", "-o", "{o}.jsonl"],
     "route make-experts": ["{m}", "{o}", "--data", "{m}.jsonl"],
     "route train": ["{o}", "--data", "{m}.jsonl", "--experts", "{m}"],
     "route generate": ["--in", "{m}.jsonl", "--out", "{o}.jsonl", "--router", "{m}"],

@@ -1,5 +1,6 @@
-"""`llmtool select-data`: GEM domain discovery (embed → cluster) and SHIFT RLVR subset selection
-(features → select). Heavy imports happen inside the commands."""
+"""`llmtool select-data`: GEM domain discovery (embed → cluster → distill → label), domain weights on any
+taxonomy (mix → sample), and SHIFT RLVR subset selection (features → select). Heavy imports happen inside
+the commands."""
 
 import json
 from pathlib import Path
@@ -11,7 +12,7 @@ from llmtool.core.console import UsageError, emit, info, progress
 from llmtool.core.preflight import preflight  # torch-free: fail fast before heavy imports
 from llmtool.core.options import OutDirArg, Overwrite
 from llmtool.core.registry import MethodConfig, method_options
-from llmtool.select_data.methods import CLUSTERERS, SELECTORS
+from llmtool.select_data.methods import CLUSTERERS, MIXERS, SELECTORS
 
 app = typer.Typer(help="Data selection: GEM domain discovery on the hypersphere, SHIFT RLVR subset selection.",
                   no_args_is_help=True)
@@ -295,3 +296,126 @@ def label_cmd(corpus: Corpus,
             dst.write(json.dumps(row) + "\n")
             n += 1
     emit({"labelled": n, "out": str(out)})
+
+
+DomainsOpt = Annotated[Optional[Path], typer.Option("--domains", help="A `select-data cluster` OUT directory whose "
+                                                    "assignments.jsonl gives each line's domain (ids must match).")]
+FieldOpt = Annotated[str, typer.Option("--field", help="Without --domains: the corpus field holding the domain "
+                                       "(`domain` from `select-data label`; `source` for the human taxonomy).")]
+TokenizerOpt = Annotated[str, typer.Option("--tokenizer", help="Tokenizer (model dir or alias) counting tokens.")]
+
+
+def _corpus_domains(corpus: Path, domains: Optional[Path], field: str) -> tuple[list[dict], list[str]]:
+    """Corpus rows and one domain label (a string) per row, from a cluster's assignments or a field."""
+    from llmtool.select_data.corpora import read_jsonl
+
+    rows = read_jsonl(corpus, ("text",))
+    if domains is not None:
+        path = domains / "assignments.jsonl" if domains.is_dir() else domains
+        if not path.is_file():
+            raise UsageError(f"{domains}: no assignments.jsonl (make it with `select-data cluster`)")
+        assign = read_jsonl(path, ())
+        if [str(a.get("id")) for a in assign] != [str(r["id"]) for r in rows]:
+            raise UsageError(f"{path}: ids do not match {corpus}")
+        return rows, [str(a["domain"]) for a in assign]
+    labels = []
+    for i, r in enumerate(rows, 1):
+        if field not in r or r[field] is None:
+            raise UsageError(f"{corpus}:{i}: no {field!r} field (give --domains DIR or --field NAME)")
+        labels.append(str(r[field]))
+    return rows, labels
+
+
+@app.command("mix")
+@method_options(MIXERS, default="doremi")
+def mix(corpus: Corpus, config: MethodConfig,
+        out: Annotated[Path, typer.Option("-o", "--out", help="Output weights JSON.")],
+        domains: DomainsOpt = None, field: FieldOpt = "domain", tokenizer: TokenizerOpt = "smollm2-135m",
+        overwrite: Overwrite = False):
+    """Domain weights for a labelled corpus: natural, uniform, DoReMi or RegMix (proxy models trained here)."""
+    preflight(tokenizer, out, inputs=(corpus, domains), overwrite=overwrite)
+    import numpy as np
+
+    from llmtool.core.checkpoint import atomic_file
+    from llmtool.core.models import load_tokenizer
+    from llmtool.select_data.methods import run_mixer
+    from llmtool.select_data.proxies import build_domain_data
+
+    rows, labels = _corpus_domains(corpus, domains, field)
+    if len(set(labels)) < 2:
+        raise UsageError(f"{corpus}: one domain only; mixing needs two or more")
+    vocab = getattr(config, "proxy_vocab", 4096)
+    data = build_domain_data([r["text"] for r in rows], labels, load_tokenizer(tokenizer), vocab=vocab,
+                             val_fraction=getattr(config, "val_fraction", 0.1), seed=getattr(config, "mix_seed", 0))
+    res = run_mixer(config, data, progress=progress)
+
+    def plain(v):  # JSON without NaN: a domain without held-out text has no validation loss (null)
+        if isinstance(v, np.ndarray):
+            v = v.tolist()
+        if isinstance(v, float):
+            return v if np.isfinite(v) else None
+        if isinstance(v, list):
+            return [plain(x) for x in v]
+        if isinstance(v, dict):
+            return {k: plain(x) for k, x in v.items()}
+        return v
+
+    doc = {"method": config.name, "config": config.as_dict(), "domains": data.names,
+           "weights": [float(w) for w in res["weights"]], "natural": data.natural().tolist(), "documents": data.docs,
+           "train_tokens": data.train_tokens().astype(int).tolist(), "tokenizer": str(tokenizer),
+           "source": {"corpus": str(corpus), "domains": str(domains) if domains else None,
+                      "field": None if domains else field},
+           **{k: plain(v) for k, v in res.items() if k != "weights"}}
+    with atomic_file(out, overwrite) as tmp:
+        tmp.write_text(json.dumps(doc, indent=1, allow_nan=False))
+    order = np.argsort(-np.asarray(res["weights"]))
+    emit({"method": config.name, "domains": data.k, "out": str(out),
+          **({"predictability": res["predictability"]} if "predictability" in res else {})},
+         rows=[{"domain": data.names[i], "weight": round(float(res["weights"][i]), 4),
+                "natural": round(float(data.natural()[i]), 4)} for i in order],
+         title=f"{config.name} weights over {data.k} domains")
+
+
+@app.command("sample")
+def sample(corpus: Corpus,
+           weights: Annotated[str, typer.Option("--weights", help="Weights JSON from `select-data mix`, or natural or "
+                                                "uniform.")],
+           tokens: Annotated[int, typer.Option("--tokens", min=1, help="Tokens in the drawn stream.")],
+           out: Annotated[Path, typer.Option("-o", "--out", help="Output JSONL: corpus lines in training order.")],
+           domains: DomainsOpt = None, field: FieldOpt = "domain", tokenizer: TokenizerOpt = "smollm2-135m",
+           seed: Annotated[int, typer.Option("--sample-seed", help="Seed of the draw.")] = 0,
+           overwrite: Overwrite = False):
+    """Draw a training stream with domain weights: documents within a domain without replacement, a domain
+    repeated only once exhausted; reports epochs per domain."""
+    named = weights in ("natural", "uniform")
+    preflight(tokenizer, out, inputs=(corpus, domains, None if named else Path(weights)), overwrite=overwrite)
+    import numpy as np
+
+    from llmtool.core.checkpoint import atomic_file
+    from llmtool.core.models import load_tokenizer
+    from llmtool.select_data.proxies import sample_stream
+
+    rows, labels = _corpus_domains(corpus, domains, field)
+    tok = load_tokenizer(tokenizer)
+    lengths = [len(ids) + 1 for ids in tok([r["text"] for r in rows], add_special_tokens=False)["input_ids"]]
+    names = sorted(set(labels))
+    if named:
+        sizes = np.array([sum(n for n, lab in zip(lengths, labels) if lab == d) for d in names], dtype=np.float64)
+        w = sizes / sizes.sum() if weights == "natural" else np.full(len(names), 1.0 / len(names))
+    else:
+        try:
+            doc = json.loads(Path(weights).read_text())
+            names, w = [str(d) for d in doc["domains"]], np.asarray(doc["weights"], dtype=np.float64)
+        except (ValueError, KeyError, TypeError):
+            raise UsageError(f"{weights}: not a weights JSON from `select-data mix`") from None
+        missing = sorted(set(labels) - set(names))
+        if missing:
+            raise UsageError(f"{weights}: no weight for domain(s) {', '.join(missing[:5])} of {corpus}")
+    order, meta = sample_stream(labels, names, w, lengths, tokens, seed=seed)
+    with atomic_file(out, overwrite) as tmp:
+        with open(tmp, "w") as fh:
+            for i in order:
+                fh.write(json.dumps(rows[i]) + "\n")
+    emit({"out": str(out), "weights": weights, **meta},
+         rows=[{"domain": d, "epochs": round(e, 3)} for d, e in meta["epochs"].items()],
+         title="epochs per domain")

@@ -1,5 +1,6 @@
 """Registries of the select-data area: domain-discovery methods (GEM and its baselines) and RLVR
-subset selectors (SHIFT and its label-free baselines). Each method is a config dataclass; the CLI is
+subset selectors (SHIFT and its label-free baselines), and the domain-weight mixers run on any taxonomy
+(natural, uniform, DoReMi, RegMix). Each method is a config dataclass; the CLI is
 derived from these registries."""
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from llmtool.core.registry import MethodConfig, Registry, option
 
 CLUSTERERS = Registry("select-data cluster")
 SELECTORS = Registry("select-data select")
+MIXERS = Registry("select-data mix")
 
 
 # ------------------------------------------------------------------------------------ clustering
@@ -249,3 +251,103 @@ def run_selector(cfg: MethodConfig, feats: dict) -> dict:
     if cfg.name == "entropy":
         return {"picked": _topk(np.asarray(feats["mean_entropy"], dtype=np.float64), b)}
     raise UsageError(f"unknown selector {cfg.name!r}")
+
+
+# ------------------------------------------------------------------------------------ mixers
+@dataclass
+class NaturalConfig(MethodConfig):
+    name: ClassVar[str] = "natural"
+    help: ClassVar[str] = "Token shares of the domains (the no-reweighting baseline)."
+
+
+@dataclass
+class UniformConfig(MethodConfig):
+    name: ClassVar[str] = "uniform"
+    help: ClassVar[str] = "Equal weight per domain."
+
+
+@dataclass
+class _ProxyMixer(MethodConfig):
+    """Options shared by the mixers that train proxy models (GEM spec §3.6–3.7)."""
+    steps: int = option(300, "Updates per proxy model.", min=1)
+    proxy_layers: int = option(2, "Proxy decoder layers.", min=1)
+    proxy_d_model: int = option(128, "Proxy hidden size.", min=8)
+    proxy_heads: int = option(4, "Proxy attention heads.", min=1)
+    proxy_context: int = option(128, "Proxy context (tokens per training window).", min=8)
+    proxy_vocab: int = option(4096, "Compact vocabulary: the most frequent ids of the corpus, the rest one OOV id.",
+                              min=16)
+    proxy_batch_size: int = option(32, "Sequences per proxy update (DoReMi: --per-domain per domain instead).", min=1)
+    proxy_lr: float = option(1e-3, "Proxy peak learning rate (warm-up 5 %, cosine to 10 %).", min=0.0,
+                             exclusive_min=True)
+    val_fraction: float = option(0.1, "Documents held out per domain for the proxies' validation losses.",
+                                 min=0.0, max=0.9)
+    mix_seed: int = option(0, "Seed of the proxies, their data order and the held-out split.")
+
+    def proxy(self):
+        from llmtool.select_data.proxies import ProxySettings
+
+        if self.proxy_d_model % self.proxy_heads:
+            raise UsageError(f"--proxy-d-model {self.proxy_d_model} must be divisible by --proxy-heads {self.proxy_heads}")
+        return ProxySettings(layers=self.proxy_layers, d_model=self.proxy_d_model, heads=self.proxy_heads,
+                             context=self.proxy_context, vocab=self.proxy_vocab, batch_size=self.proxy_batch_size,
+                             lr=self.proxy_lr, steps=self.steps, seed=self.mix_seed)
+
+
+@dataclass
+class DoReMiConfig(_ProxyMixer):
+    name: ClassVar[str] = "doremi"
+    help: ClassVar[str] = "DoReMi: Group-DRO proxy against a reference proxy; step-averaged weights."
+    ref_weights: str = option("natural", "Reference model's mixture.", choices=("natural", "uniform"))
+    per_domain: int = option(1, "Sequences per domain in each proxy batch.", min=1)
+    eta: float = option(1.0, "Exponentiated-gradient step size η.", min=0.0, exclusive_min=True)
+    smooth: float = option(1e-3, "Smoothing c towards uniform.", min=0.0, max=1.0)
+
+
+@dataclass
+class RegMixConfig(_ProxyMixer):
+    name: ClassVar[str] = "regmix"
+    help: ClassVar[str] = "RegMix: proxies on Dirichlet mixtures, a regression mixture → loss, top-100 search."
+    proxies: int = option(64, "Proxy models (mixtures) trained.", min=4)
+    max_epochs: float = option(4.0, "Redraw mixtures needing more passes than this over any domain.", min=0.0,
+                               exclusive_min=True)
+    target: str = option("uniform", "Target loss: mean of the per-domain validation losses, or token-weighted.",
+                         choices=("uniform", "natural"))
+    regressor: str = option("quadratic", "Regression of the target loss on the mixture.",
+                            choices=("quadratic", "linear"))
+    candidates: int = option(100_000, "Mixtures drawn from the prior in the search.", min=100)
+    top: int = option(100, "Best predicted candidates averaged.", min=1)
+
+
+for _c in (NaturalConfig, UniformConfig, DoReMiConfig, RegMixConfig):
+    MIXERS.add_config(_c)
+
+
+def run_mixer(cfg: MethodConfig, data, progress=None) -> dict:
+    """Domain weights from a mixer over ``proxies.DomainData``; returns {"weights", ...diagnostics}."""
+    natural = data.natural()
+    if cfg.name == "natural":
+        return {"weights": natural}
+    if cfg.name == "uniform":
+        return {"weights": np.full(data.k, 1.0 / data.k)}
+    from llmtool.select_data import proxies
+
+    s = cfg.proxy()
+    if cfg.name == "doremi":
+        ref = natural if cfg.ref_weights == "natural" else np.full(data.k, 1.0 / data.k)
+        out = proxies.doremi(data, s, ref_weights=ref, per_domain=cfg.per_domain, eta=cfg.eta, smooth=cfg.smooth,
+                             progress=progress)
+        return {"weights": out["weights"], "last": out["last"], "ref_weights": ref, "ref_val": out["ref_val"],
+                "proxy_val": out["proxy_val"]}
+    if cfg.name == "regmix":
+        from llmtool.select_data.mixing import regmix_weights
+
+        sweep = proxies.regmix_sweep(data, s, proxies=cfg.proxies, natural=natural, max_epochs=cfg.max_epochs,
+                                     target=cfg.target, progress=progress)
+        pred = proxies.regmix_predictability(sweep["mixtures"], sweep["target"], seed=cfg.mix_seed,
+                                             regressor=cfg.regressor)
+        found = regmix_weights(sweep["mixtures"], sweep["target"], natural, candidates=cfg.candidates, top=cfg.top,
+                               seed=cfg.mix_seed, regressor=cfg.regressor)
+        return {"weights": found["weights"], "predicted_target": float(found["predict"](found["weights"])[0]),
+                "proxy_mixtures": sweep["mixtures"], "proxy_val": sweep["val"], "proxy_target": sweep["target"],
+                "draws": sweep["draws"], "predictability": pred}
+    raise UsageError(f"unknown mixer {cfg.name!r}")

@@ -108,8 +108,8 @@ def pretrain(
     resolve_model(tokenizer)  # fail fast, before torch is imported
     from llmtool.core.console import OPTIONS, emit
     from llmtool.core.job import job
-    from llmtool.core.models import load_tokenizer
-    from llmtool.train.pretrain import eval_loss, pretrain_blocks, tiny_llama
+    from llmtool.core.models import load_tokenizer, tiny_llama
+    from llmtool.train.pretrain import eval_loss, pretrain_blocks
 
     seed = OPTIONS.seed
     args = _args(lr, steps, batch_size, grad_accum, max_length, adam_beta2, adam_epsilon, warmup_ratio,

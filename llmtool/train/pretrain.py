@@ -107,20 +107,6 @@ def build_optimizer(name: str, model: torch.nn.Module, args: TrainArgs, beta1: f
     raise UsageError(f"--optimizer {name!r}: choose one of {', '.join(OPTIMIZERS)}")
 
 
-def tiny_llama(vocab_size: int, *, layers: int = 2, d_model: int = 128, heads: int = 4, max_length: int = 128,
-               seed: int = 0, bos_token_id=None, eos_token_id=None):
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    if d_model % heads:
-        raise UsageError(f"--d-model {d_model} must be divisible by --heads {heads}")
-    cfg = LlamaConfig(vocab_size=vocab_size, hidden_size=d_model, intermediate_size=4 * d_model,
-                      num_hidden_layers=layers, num_attention_heads=heads, num_key_value_heads=heads,
-                      max_position_embeddings=max(max_length, 128), tie_word_embeddings=True,
-                      bos_token_id=bos_token_id, eos_token_id=eos_token_id)
-    torch.manual_seed(seed)
-    return LlamaForCausalLM(cfg)
-
-
 def _fault_trainer_cls(faults: Faults, vocab_size: int, seed: int):
     from transformers import Trainer
 
