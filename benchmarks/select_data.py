@@ -161,11 +161,16 @@ def bench_shift(args) -> dict:
     feat_s = time.time() - t
     feats = res["features"]
     feats["minilm"] = embed_minilm([r["prompt"] for r in rows])
+    if args.sc_samples:
+        feats["sc_entropy"] = F.sc_entropy(model, tok, [r["prompt"] for r in rows], samples=args.sc_samples,
+                                           max_new_tokens=args.max_new_tokens, batch_size=8)
     gens = np.array([r["generator"] for r in rows])
     u = np.linalg.norm(feats["e"] - feats["s"], axis=1)
     out_rows = []
     for b in args.budgets:
         for name in SELECTORS.names():
+            if name == "sc-entropy" and "sc_entropy" not in feats:
+                continue
             seeds = range(5) if name in ("random", "kmeans-centres") else [None]
             covs = []
             for sd in seeds:
@@ -196,6 +201,125 @@ def bench_shift(args) -> dict:
     return {"rows": out_rows, "diagnostics": diag}
 
 
+def _split_heldout(rows: list[dict], fraction: float, seed: int = 0) -> tuple[list[dict], list[dict]]:
+    """Hold out ``fraction`` of every source category (at least 2 documents) for the extrinsic evaluation."""
+    rng = np.random.default_rng(seed)
+    by: dict[str, list[int]] = {}
+    for i, r in enumerate(rows):
+        by.setdefault(r["source"], []).append(i)
+    held = set()
+    for members in by.values():
+        n = max(2, int(round(fraction * len(members)))) if len(members) >= 4 else 0
+        held.update(int(i) for i in rng.choice(members, size=n, replace=False))
+    return [r for i, r in enumerate(rows) if i not in held], [r for i, r in enumerate(rows) if i in held]
+
+
+def category_losses(model, tok, rows: list[dict]) -> dict[str, float]:
+    """Mean token NLL (nats) per source category of held-out documents, each scored after an EOS token."""
+    from llmtool.core.lm import completion_nll
+
+    eos = tok.decode([tok.eos_token_id])
+    nll = completion_nll(model, tok, [eos] * len(rows), [r["text"] for r in rows], batch_size=16)
+    ntok = [len(tok(r["text"], add_special_tokens=False)["input_ids"]) for r in rows]
+    tot: dict[str, list[float]] = {}
+    for r, v, n in zip(rows, nll, ntok):
+        t = tot.setdefault(r["source"], [0.0, 0])
+        t[0], t[1] = t[0] + v, t[1] + n
+    return {k: v[0] / v[1] for k, v in sorted(tot.items())}
+
+
+def bench_mix(args) -> dict:
+    """GEM extrinsic: domain weights from natural / uniform / DoReMi / RegMix on the GEM, K-Means and source
+    taxonomies, then continued training of the default model on each mixture with one token budget, scored
+    by held-out loss per source category (mean and worst); RegMix predictability per taxonomy."""
+    import torch
+
+    from llmtool.core.models import load_model, load_tokenizer
+    from llmtool.core.trainer import TrainArgs, pack_texts, sft
+    from llmtool.select_data.corpora import embed_minilm
+    from llmtool.select_data.methods import CLUSTERERS, MIXERS, run_clusterer, run_mixer
+    from llmtool.select_data.proxies import build_domain_data, sample_stream
+
+    rows = gem_corpus(args.fortunes, args.austen, args.synthetic)
+    train_rows, held = _split_heldout(rows, args.heldout)
+    info(f"mix: {len(train_rows)} training documents, {len(held)} held out over "
+         f"{len({r['source'] for r in held})} source categories")
+    tok = load_tokenizer(args.model)
+    emb = embed_minilm([r["text"] for r in train_rows], batch_size=64)
+    taxonomies = {}
+    for name in ("gem", "kmeans", "source"):
+        cfg = CLUSTERERS.build(name, **({} if name == "source" else {"k": args.k, "cluster_seed": 0}))
+        res, _ = run_clusterer(cfg, emb, [r["source"] for r in train_rows])
+        taxonomies[name] = [str(int(x)) for x in res.labels]
+    proxy_kw = {"steps": args.proxy_steps, "proxy_vocab": args.proxy_vocab}
+    arms, weights_out, mixer_rows = [], {}, []
+    lengths = [len(ids) + 1 for ids in tok([r["text"] for r in train_rows], add_special_tokens=False)["input_ids"]]
+    for tax, labels in taxonomies.items():
+        data = build_domain_data([r["text"] for r in train_rows], labels, tok, vocab=args.proxy_vocab)
+        # natural weights give one document distribution whatever the taxonomy: one arm
+        mixers = (["natural"] if tax == "gem" else []) + ["uniform", "doremi", "regmix"]
+        for mixer in mixers:
+            kw = dict(proxy_kw) if mixer in ("doremi", "regmix") else {}
+            if mixer == "regmix":
+                kw["proxies"] = args.regmix_proxies
+            t = time.time()
+            out = run_mixer(MIXERS.build(mixer, **kw), data)
+            sec = time.time() - t
+            w = np.asarray(out["weights"])
+            arm = "natural" if mixer == "natural" else f"{tax}+{mixer}"
+            arms.append((arm, tax, labels, data.names, w))
+            ent = float(-(w[w > 0] * np.log(w[w > 0])).sum() / np.log(len(w)))
+            row = {"arm": arm, "taxonomy": tax, "mixer": mixer, "domains": data.k, "seconds": round(sec, 1),
+                   "max_weight": round(float(w.max()), 4), "weight_entropy": round(ent, 4)}
+            if "predictability" in out:
+                p = out["predictability"]
+                row["regmix_rho_median"] = None if p["median"] is None else round(p["median"], 3)
+                row["regmix_rho_iqr"] = None if p["iqr"] is None else [round(x, 3) for x in p["iqr"]]
+                row["regmix_proxy_target_range"] = [round(float(np.min(out["proxy_target"])), 4),
+                                                    round(float(np.max(out["proxy_target"])), 4)]
+            mixer_rows.append(row)
+            weights_out[arm] = {"domains": data.names, "weights": [round(float(x), 6) for x in w]}
+            info(str(row))
+    block, batch = args.mix_block, args.mix_batch
+    steps = max(1, args.mix_tokens // (block * batch))
+    base = load_model(args.model)
+    results = [{"arm": "base (no training)", **_loss_summary(category_losses(base, tok, held))}]
+    per_cat = {"base (no training)": results[0]["per_category"]}
+    del base
+    for arm, tax, labels, names, w in arms:
+        order, meta = sample_stream(labels, names, w, lengths, tokens=steps * block * batch + block, seed=0)
+        blocks = pack_texts(tok, [train_rows[i]["text"] for i in order], block, max_blocks=steps * batch)
+        torch.manual_seed(0)
+        model = load_model(args.model)
+        t = time.time()
+        fit = sft(model, tok, blocks, TrainArgs(lr=args.mix_lr, max_steps=steps, batch_size=batch, max_length=block,
+                                                seed=0, warmup_ratio=0.05))
+        summ = _loss_summary(category_losses(model, tok, held))
+        per_cat[arm] = summ["per_category"]
+        results.append({"arm": arm, **summ, "train_loss": round(float(fit["train_loss"]), 4),
+                        "max_epochs": round(max(meta["epochs"].values()), 2), "seconds": round(time.time() - t, 1)})
+        info(f"{arm}: mean {summ['mean']:.4f} worst {summ['worst']:.4f}")
+        del model
+    nat = np.array(list(per_cat["natural"].values()))
+    rng = np.random.default_rng(0)
+    for r in results:
+        d = np.array(list(per_cat[r["arm"]].values())) - nat
+        boots = [d[rng.integers(0, len(d), len(d))].mean() for _ in range(2000)]
+        r["mean_minus_natural"] = round(float(d.mean()), 4)
+        r["mean_minus_natural_ci"] = [round(float(np.percentile(boots, 2.5)), 4),
+                                      round(float(np.percentile(boots, 97.5)), 4)]
+    return {"train_docs": len(train_rows), "heldout_docs": len(held), "categories": len(nat), "steps": steps,
+            "tokens": steps * block * batch, "mixers": mixer_rows, "weights": weights_out,
+            "rows": [{k: v for k, v in r.items() if k != "per_category"} for r in results], "per_category": per_cat}
+
+
+def _loss_summary(per: dict[str, float]) -> dict:
+    v = np.array(list(per.values()))
+    worst = max(per, key=per.get)
+    return {"mean": round(float(v.mean()), 4), "worst": round(float(v.max()), 4), "worst_category": worst,
+            "per_category": {k: round(x, 4) for k, x in per.items()}}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--fortunes", type=int, default=3000, help="fortunes sampled (0 = all ≈14k)")
@@ -207,8 +331,17 @@ def main() -> None:
     ap.add_argument("--model", default="smollm2-135m")
     ap.add_argument("--pool-per-gen", type=int, default=10)
     ap.add_argument("--max-new-tokens", type=int, default=48)
+    ap.add_argument("--sc-samples", type=int, default=8, help="SHIFT: sampled answers for sc-entropy (0 = skip)")
     ap.add_argument("--budgets", type=lambda s: [int(x) for x in s.split(",")], default=[7, 16])
-    ap.add_argument("--skip", default="", help="comma list: gem,shift")
+    ap.add_argument("--heldout", type=float, default=0.1, help="mix: held-out fraction per source category")
+    ap.add_argument("--proxy-steps", type=int, default=300, help="mix: updates per proxy model")
+    ap.add_argument("--proxy-vocab", type=int, default=4096, help="mix: proxies' compact vocabulary")
+    ap.add_argument("--regmix-proxies", type=int, default=32, help="mix: RegMix proxy models per taxonomy")
+    ap.add_argument("--mix-tokens", type=int, default=102400, help="mix: continued-training tokens per mixture")
+    ap.add_argument("--mix-block", type=int, default=128)
+    ap.add_argument("--mix-batch", type=int, default=8)
+    ap.add_argument("--mix-lr", type=float, default=5e-5)
+    ap.add_argument("--skip", default="", help="comma list: gem,shift,mix")
     ap.add_argument("--out", default="benchmarks/results/select_data")
     args = ap.parse_args()
     skip = set(args.skip.split(",")) - {""}
@@ -216,11 +349,11 @@ def main() -> None:
     result = {"args": vars(args)}
     if skip and out.with_suffix(".json").is_file():  # keep the earlier run's results of skipped parts
         old = json.loads(out.with_suffix(".json").read_text())
-        for part in skip & {"gem", "shift"}:
+        for part in skip & {"gem", "shift", "mix"}:
             if part in old:
                 result[part] = old[part]
                 result[f"args_{part}"] = old.get(f"args_{part}", old.get("args"))
-    for part in {"gem", "shift"} - skip:
+    for part in {"gem", "shift", "mix"} - skip:
         result[f"args_{part}"] = vars(args)
     md = ["# select-data benchmark", "", f"Last command: `{' '.join(['benchmarks/select_data.py', *sys.argv[1:]])}` "
           "(each part's arguments are in the JSON as args_gem / args_shift)", ""]
@@ -242,6 +375,19 @@ def main() -> None:
         md += [f"## SHIFT without RL (pool {s['diagnostics']['pool']}, {a['model']}, "
                f"{a['max_new_tokens']} new tokens)", "", markdown_table(s["rows"]), "",
                "```", json.dumps(s["diagnostics"], indent=1), "```", ""]
+    if "mix" not in skip:
+        result["mix"] = bench_mix(args)
+    if "mix" in result:
+        m = result["mix"]
+        a = result["args_mix"]
+        md += [f"## GEM extrinsic: mixers on three taxonomies, continued training of {a['model']}", "",
+               f"{m['train_docs']} training documents; {m['heldout_docs']} held out over {m['categories']} source "
+               f"categories. Proxies: 2 layers, d 128, {a['proxy_vocab']}-id compact vocabulary, {a['proxy_steps']} "
+               f"updates; RegMix {a['regmix_proxies']} proxies. Continued training: {m['steps']} steps × "
+               f"{a['mix_batch']} × {a['mix_block']} tokens ({m['tokens']} tokens), lr {a['mix_lr']}, seed 0.", "",
+               "Mixers:", "", markdown_table(m["mixers"]), "",
+               "Held-out loss per source category (nats/token; mean and worst over categories; difference to the "
+               "natural mixture with a 95 % bootstrap interval over categories):", "", markdown_table(m["rows"]), ""]
     out.parent.mkdir(parents=True, exist_ok=True)
     out.with_suffix(".json").write_text(json.dumps(result, indent=2, default=float))
     out.with_suffix(".md").write_text("\n".join(md))

@@ -335,3 +335,38 @@ def test_cli_distill_and_label(tmp_path):
     teacher = [json.loads(x)["domain"] for x in (tmp_path / "g" / "assignments.jsonl").read_text().splitlines()]
     got = [json.loads(x)["domain"] for x in (tmp_path / "labeled.jsonl").read_text().splitlines()]
     assert np.mean(np.array(teacher) == np.array(got)) >= 0.9
+
+
+# ------------------------------------------------------------------------------------ self-consistency entropy
+def test_final_answer_and_entropy():
+    from llmtool.select_data.features import answer_entropy, final_answer
+
+    assert final_answer("so x = 3, thus \\boxed{ 42 } and later 7") == "42"
+    assert final_answer("first 1,200 then 3.5 apples") == "3.5"
+    assert final_answer("no digits here\n  the end  \n") == "the end"
+    assert final_answer("") == ""
+    assert answer_entropy(["4"] * 8) == 0.0
+    assert abs(answer_entropy(["1", "2", "3", "4"] * 2) - np.log(4)) < 1e-12
+    assert abs(answer_entropy(["1"] * 6 + ["2"] * 2) - -(0.75 * np.log(0.75) + 0.25 * np.log(0.25))) < 1e-12
+
+
+def test_sc_entropy_selector_picks_the_most_uncertain(tmp_path, tiny_llama_dir):
+    from llmtool.select_data.methods import SELECTORS, run_selector
+
+    feats = {"s": np.zeros((5, 3)), "e": np.ones((5, 3)), "sc_entropy": np.array([0.1, 1.2, 0.0, 0.7, 1.0])}
+    assert list(run_selector(SELECTORS.build("sc-entropy", budget=3), feats)["picked"]) == [1, 4, 3]
+    pool = tmp_path / "pool.jsonl"
+    pool.write_text("".join(json.dumps({"id": f"p{i}", "prompt": f"What is {i} plus 2?"}) + "\n" for i in range(4)))
+    code, _, err = run_cli("select-data", "features", pool, tmp_path / "f", "--model", tiny_llama_dir,
+                           "--max-new-tokens", "4", "--batch-size", "4", "--sc-samples", "3")
+    assert code == 0, err
+    from safetensors.numpy import load_file
+
+    sc = load_file(str(tmp_path / "f" / "features.safetensors"))["sc_entropy"]
+    assert sc.shape == (4,) and (sc >= 0).all() and (sc <= np.log(3) + 1e-6).all()
+    code, _, err = run_cli("select-data", "features", pool, tmp_path / "g", "--model", tiny_llama_dir,
+                           "--max-new-tokens", "4")
+    assert code == 0, err
+    code, _, err = run_cli("select-data", "select", pool, "--features", tmp_path / "g", "-o", tmp_path / "s.jsonl",
+                           "--method", "sc-entropy", "--budget", "2")
+    assert code == 2 and "--sc-samples" in err and not (tmp_path / "s.jsonl").exists()

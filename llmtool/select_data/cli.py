@@ -139,6 +139,8 @@ def features_cmd(pool: Pool, out: OutDirArg,
                  layers: Annotated[str, typer.Option("--layers", help="mean (over decoder layers), last, or an index.")] = "mean",
                  template: Annotated[str, typer.Option("--prompt-template", help="math or raw.")] = "math",
                  minilm: Annotated[bool, typer.Option("--minilm", help="Also store MiniLM prompt embeddings.")] = False,
+                 sc_samples: Annotated[int, typer.Option("--sc-samples", min=0, help="Also store the self-consistency "
+                                                         "entropy of this many sampled answers (T 1; 0 = off).")] = 0,
                  batch_size: Annotated[int, typer.Option("--batch-size", min=1, help="Throughput only.")] = 8,
                  overwrite: Overwrite = False):
     """One greedy rollout per prompt and the hidden-state anchors SHIFT and its baselines read."""
@@ -160,6 +162,10 @@ def features_cmd(pool: Pool, out: OutDirArg,
         feats = res["features"]
         if minilm:
             feats["minilm"] = embed_minilm([r["prompt"] for r in rows], progress=progress)
+        if sc_samples:
+            feats["sc_entropy"] = F.sc_entropy(j.model, j.tokenizer, [r["prompt"] for r in rows], samples=sc_samples,
+                                               max_new_tokens=max_new_tokens, batch_size=batch_size,
+                                               template=template, progress=progress)
         from safetensors.numpy import save_file
 
         save_file(feats, str(j.dir / "features.safetensors"),

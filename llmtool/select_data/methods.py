@@ -194,8 +194,15 @@ class EntropyConfig(MethodConfig):
     budget: int = option(16, "Number of prompts to select.", min=1)
 
 
+@dataclass
+class SCEntropyConfig(MethodConfig):
+    name: ClassVar[str] = "sc-entropy"
+    help: ClassVar[str] = "Highest self-consistency entropy of R sampled final answers (features --sc-samples R)."
+    budget: int = option(16, "Number of prompts to select.", min=1)
+
+
 for _c in (ShiftConfig, RandomConfig, KCenterConfig, MiniLMCoresetConfig, KMeansCentresConfig, RirsTopkConfig,
-           CoresetRirsConfig, QPplConfig, APplConfig, EntropyConfig):
+           CoresetRirsConfig, QPplConfig, APplConfig, EntropyConfig, SCEntropyConfig):
     SELECTORS.add_config(_c)
 
 
@@ -250,6 +257,10 @@ def run_selector(cfg: MethodConfig, feats: dict) -> dict:
         return {"picked": _topk(np.asarray(feats["gen_nll"], dtype=np.float64), b)}
     if cfg.name == "entropy":
         return {"picked": _topk(np.asarray(feats["mean_entropy"], dtype=np.float64), b)}
+    if cfg.name == "sc-entropy":
+        if "sc_entropy" not in feats:
+            raise UsageError("--method sc-entropy needs features made with `select-data features --sc-samples R`")
+        return {"picked": _topk(np.asarray(feats["sc_entropy"], dtype=np.float64), b)}
     raise UsageError(f"unknown selector {cfg.name!r}")
 
 
