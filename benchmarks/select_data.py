@@ -257,11 +257,11 @@ def bench_mix(args) -> dict:
     for tax, labels in taxonomies.items():
         data = build_domain_data([r["text"] for r in train_rows], labels, tok, vocab=args.proxy_vocab)
         # natural weights give one document distribution whatever the taxonomy: one arm
-        mixers = (["natural"] if tax == "gem" else []) + ["uniform", "doremi", "regmix"]
+        mixers = (["natural"] if tax == "gem" else []) + [m for m in args.mixers.split(",") if m != "natural"]
         for mixer in mixers:
             kw = dict(proxy_kw) if mixer in ("doremi", "regmix") else {}
-            if mixer == "regmix":
-                kw["proxies"] = args.regmix_proxies
+            if mixer == "regmix":  # fewer tokens per proxy: this corpus is small and RegMix caps epochs per domain
+                kw.update(proxies=args.regmix_proxies, steps=args.regmix_steps, proxy_batch_size=args.regmix_batch)
             t = time.time()
             out = run_mixer(MIXERS.build(mixer, **kw), data)
             sec = time.time() - t
@@ -337,7 +337,10 @@ def main() -> None:
     ap.add_argument("--proxy-steps", type=int, default=300, help="mix: updates per proxy model")
     ap.add_argument("--proxy-vocab", type=int, default=4096, help="mix: proxies' compact vocabulary")
     ap.add_argument("--regmix-proxies", type=int, default=32, help="mix: RegMix proxy models per taxonomy")
+    ap.add_argument("--regmix-steps", type=int, default=50, help="mix: updates per RegMix proxy")
+    ap.add_argument("--regmix-batch", type=int, default=16, help="mix: sequences per RegMix proxy update")
     ap.add_argument("--mix-tokens", type=int, default=102400, help="mix: continued-training tokens per mixture")
+    ap.add_argument("--mixers", default="uniform,doremi,regmix", help="mix: mixers per taxonomy (natural always runs once)")
     ap.add_argument("--mix-block", type=int, default=128)
     ap.add_argument("--mix-batch", type=int, default=8)
     ap.add_argument("--mix-lr", type=float, default=5e-5)
@@ -383,7 +386,8 @@ def main() -> None:
         md += [f"## GEM extrinsic: mixers on three taxonomies, continued training of {a['model']}", "",
                f"{m['train_docs']} training documents; {m['heldout_docs']} held out over {m['categories']} source "
                f"categories. Proxies: 2 layers, d 128, {a['proxy_vocab']}-id compact vocabulary, {a['proxy_steps']} "
-               f"updates; RegMix {a['regmix_proxies']} proxies. Continued training: {m['steps']} steps × "
+               f"updates (DoReMi); RegMix {a['regmix_proxies']} proxies × {a['regmix_steps']} updates × {a['regmix_batch']} "
+               f"sequences. Continued training: {m['steps']} steps × "
                f"{a['mix_batch']} × {a['mix_block']} tokens ({m['tokens']} tokens), lr {a['mix_lr']}, seed 0.", "",
                "Mixers:", "", markdown_table(m["mixers"]), "",
                "Held-out loss per source category (nats/token; mean and worst over categories; difference to the "

@@ -22,8 +22,9 @@ Reconstructed choices [ours, stated in the docs]:
 - Training sequences are ``context + 1`` token windows at a uniform random offset of the domain's stream of
   training documents (joined with EOS; a stream shorter than a window is tiled), so a small domain is reused
   rather than dropped; ``epochs`` per domain = tokens drawn / tokens in the stream.
-- Optimiser: AdamW (β 0.9/0.95, weight decay 0.01), linear warm-up over 5 % of the steps then cosine decay to
-  10 % (the DoReMi/RegMix proxies' schedule shape); learning rate 1e-3 for a d-128 proxy.
+- Optimiser: AdamW (β 0.9/0.95, weight decay 0.01, gradient norm clipped at 1), linear warm-up over 5 % of
+  the steps then cosine decay to 10 % (the DoReMi/RegMix proxies' schedule shape); learning rate 1e-3 for a
+  d-128 proxy.
 - DoReMi batch: ``per_domain`` sequences from every domain; excess loss λ_k = mean over domain k's tokens of
   max(ℓ_θ − ℓ_ref, 0); the proxy's loss is Σ_k α_k · mean token loss of domain k with the α just updated.
 - RegMix: every proxy shares one initialisation and one data-order seed (common random numbers, so the sweep
