@@ -359,7 +359,7 @@ def main() -> None:
     for part in {"gem", "shift", "mix"} - skip:
         result[f"args_{part}"] = vars(args)
     md = ["# select-data benchmark", "", f"Last command: `{' '.join(['benchmarks/select_data.py', *sys.argv[1:]])}` "
-          "(each part's arguments are in the JSON as args_gem / args_shift)", ""]
+          "(each part's arguments are in the JSON as args_gem / args_shift / args_mix)", ""]
     if "gem" not in skip:
         result["gem"] = bench_gem(args)
     if "gem" in result:
