@@ -234,6 +234,7 @@ def bench_mix(args) -> dict:
     by held-out loss per source category (mean and worst); RegMix predictability per taxonomy."""
     import torch
 
+    from llmtool.core.intervals import bootstrap_mean_ci
     from llmtool.core.models import load_model, load_tokenizer
     from llmtool.core.trainer import TrainArgs, pack_texts, sft
     from llmtool.select_data.corpora import embed_minilm
@@ -304,10 +305,9 @@ def bench_mix(args) -> dict:
     rng = np.random.default_rng(0)
     for r in results:
         d = np.array(list(per_cat[r["arm"]].values())) - nat
-        boots = [d[rng.integers(0, len(d), len(d))].mean() for _ in range(2000)]
+        idx = np.stack([rng.integers(0, len(d), len(d)) for _ in range(2000)])
         r["mean_minus_natural"] = round(float(d.mean()), 4)
-        r["mean_minus_natural_ci"] = [round(float(np.percentile(boots, 2.5)), 4),
-                                      round(float(np.percentile(boots, 97.5)), 4)]
+        r["mean_minus_natural_ci"] = [round(x, 4) for x in bootstrap_mean_ci(d, idx)]
     return {"train_docs": len(train_rows), "heldout_docs": len(held), "categories": len(nat), "steps": steps,
             "tokens": steps * block * batch, "mixers": mixer_rows, "weights": weights_out,
             "rows": [{k: v for k, v in r.items() if k != "per_category"} for r in results], "per_category": per_cat}

@@ -209,6 +209,8 @@ def diversity_contrasts(res: dict, ks, n: int, draws: int = 2000) -> dict:
     GRPO − base and SetPO − GRPO: pass@k for every k, and distinct correct answers."""
     import numpy as np
 
+    from llmtool.core.intervals import bootstrap_mean_ci
+
     from llmtool.train.passk import pass_at_k
 
     def per_problem(entry) -> dict:
@@ -227,9 +229,8 @@ def diversity_contrasts(res: dict, ks, n: int, draws: int = 2000) -> dict:
         out[name] = {}
         for key in x:
             d = np.asarray(x[key]) - np.asarray(y[key])
-            boots = d[idx].mean(axis=1)
-            out[name][key] = {"diff": float(d.mean()), "lo": float(np.percentile(boots, 2.5)),
-                              "hi": float(np.percentile(boots, 97.5))}
+            lo, hi = bootstrap_mean_ci(d, idx)
+            out[name][key] = {"diff": float(d.mean()), "lo": lo, "hi": hi}
     return out
 
 

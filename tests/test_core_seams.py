@@ -386,3 +386,18 @@ def test_kernels_live_inside_the_package():
     assert not (root / "kernels").exists()
     spec = importlib.util.find_spec("kernels")
     assert spec is None or "llmtool" not in str(spec.origin or "")
+
+
+def test_bootstrap_mean_ci_is_the_percentile_interval_of_resampled_means():
+    import numpy as np
+
+    from llmtool.core.intervals import bootstrap_mean_ci
+
+    d = np.random.default_rng(5).normal(loc=1.0, size=45)
+    idx = np.random.default_rng(0).integers(0, 45, size=(2000, 45))
+    means = np.sort(d[idx].mean(axis=1))
+    lo, hi = bootstrap_mean_ci(d, idx)
+    assert lo == float(np.percentile(means, 2.5)) and hi == float(np.percentile(means, 97.5))
+    assert lo < d.mean() < hi
+    lo90, hi90 = bootstrap_mean_ci(d, idx, level=0.9)
+    assert lo < lo90 < hi90 < hi

@@ -34,3 +34,14 @@ def paired_difference(a_only: int, b_only: int, both: int, n: int, z: float = 1.
     lo = diff - math.sqrt(max(0.0, (p1 - l1) ** 2 - 2 * phi * (p1 - l1) * (u2 - p2) + (u2 - p2) ** 2))
     hi = diff + math.sqrt(max(0.0, (u1 - p1) ** 2 - 2 * phi * (u1 - p1) * (p2 - l2) + (p2 - l2) ** 2))
     return diff, max(-1.0, lo), min(1.0, hi)
+
+
+def bootstrap_mean_ci(values, idx, level: float = 0.95) -> tuple[float, float]:
+    """Percentile bootstrap interval of the mean of ``values`` (one per unit, e.g. paired differences per
+    problem or per category) over the resamples ``idx`` [draws, n] of unit indices. Passing one ``idx`` for
+    several metrics resamples them in common."""
+    import numpy as np
+
+    boots = np.asarray(values)[idx].mean(axis=1)
+    tail = round(50 * (1 - level), 10)
+    return float(np.percentile(boots, tail)), float(np.percentile(boots, 100 - tail))

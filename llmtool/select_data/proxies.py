@@ -166,6 +166,15 @@ def _optimizer(model, s: ProxySettings, steps: int):
     return opt, torch.optim.lr_scheduler.LambdaLR(opt, lr_at)
 
 
+def _update(acc, model, opt, sched, loss) -> None:
+    """One proxy update: backward through accelerate, global grad-norm clip 1, optimizer and schedule step."""
+    acc.backward(loss)
+    torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+    opt.step()
+    sched.step()
+    opt.zero_grad(set_to_none=True)
+
+
 def _accelerator():
     from accelerate import Accelerator
 
@@ -197,12 +206,7 @@ def train_on_mixture(data: DomainData, weights: np.ndarray, s: ProxySettings, *,
         doms = torch.multinomial(probs, s.batch_size, replacement=True, generator=gen)
         counts = torch.bincount(doms, minlength=data.k).tolist()
         x = torch.cat([windows(data.train[d], c, s.context + 1, gen) for d, c in enumerate(counts) if c])
-        loss = token_losses(model, x.to(acc.device)).mean()
-        acc.backward(loss)
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step()
-        sched.step()
-        opt.zero_grad(set_to_none=True)
+        _update(acc, model, opt, sched, token_losses(model, x.to(acc.device)).mean())
     return acc.unwrap_model(model)
 
 
@@ -215,8 +219,7 @@ def domain_val_losses(model, data: DomainData, context: int, batch_size: int = 3
     for k, stream in enumerate(data.val):
         if len(stream) < 2:
             continue
-        step = context
-        pieces = [stream[i:i + context + 1] for i in range(0, len(stream) - 1, step)]
+        pieces = [stream[i:i + context + 1] for i in range(0, len(stream) - 1, context)]
         full = [p for p in pieces if len(p) == context + 1]
         tail = [p for p in pieces if 1 < len(p) < context + 1]
         tot, n = 0.0, 0
@@ -260,12 +263,8 @@ def doremi(data: DomainData, s: ProxySettings, *, ref_weights: np.ndarray, steps
         return ex.cpu().double().numpy()
 
     def update(t: int, alpha: np.ndarray) -> None:
-        loss = (torch.tensor(alpha, dtype=state["dom_theta"].dtype, device=acc.device) * state["dom_theta"]).sum()
-        acc.backward(loss)
-        torch.nn.utils.clip_grad_norm_(proxy.parameters(), 1.0)
-        opt.step()
-        sched.step()
-        opt.zero_grad(set_to_none=True)
+        weights = torch.tensor(alpha, dtype=state["dom_theta"].dtype, device=acc.device)
+        _update(acc, proxy, opt, sched, (weights * state["dom_theta"]).sum())
 
     proxy.train()
     out = doremi_weights(excess, data.k, steps, eta=eta, smooth=smooth, on_update=update,
