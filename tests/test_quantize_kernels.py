@@ -22,7 +22,7 @@ def test_hadamard_orthogonal_and_fast_transform_matches_dense(n):
 
 def test_unsupported_hadamard_order_is_an_error():
     with pytest.raises(ValueError, match="no Hadamard"):
-        hadamard.hadamard_matrix(24 * 7)
+        hadamard.hadamard_matrix(42)
 
 
 def test_fwht_triton_matches_reference():
@@ -64,6 +64,25 @@ def test_per_token_quant_triton_matches_reference_and_error_bound(bits, symmetri
     assert int(c_ref.max()) <= 2 ** bits - 1
 
 
+@pytest.mark.parametrize("m", [28, 36, 60, 108, 148])
+def test_paley_orders_beyond_12_20_44_are_hadamard(m):
+    """Paley I (q + 1, q ≡ 3 mod 4) and II (2(q + 1), q ≡ 1 mod 4) factors: ±1 entries, orthogonal rows."""
+    h = hadamard._small_factor(m)
+    assert torch.allclose(h @ h.T, torch.eye(m, dtype=torch.float64), atol=1e-12, rtol=0)
+    assert set(torch.unique((h * m ** 0.5).round()).tolist()) == {-1.0, 1.0}
+
+
+def test_factorize_keeps_earlier_orders_and_covers_7b_mlp_widths():
+    # sizes that had a factorization keep it (checkpoints' rotations do not change)
+    assert [hadamard.factorize(n) for n in (576, 960, 1536, 2560)] == [(144, 4), (240, 4), (12, 128), (20, 128)]
+    assert hadamard.factorize(14336) == (28, 512) and hadamard.factorize(18944) == (148, 128)
+    assert hadamard.factorize(13824) == (108, 128) and hadamard.factorize(11008) == (5504, 2)
+    x = torch.randn(2, 28 * 16, dtype=torch.float64)
+    assert torch.allclose(hadamard.hadamard_transform(x), x @ hadamard.hadamard_matrix(28 * 16), atol=1e-12, rtol=0)
+    with pytest.raises(ValueError, match="no Hadamard matrix of order 22"):
+        hadamard.factorize(22)
+
+
 def test_fake_quant_16_bits_is_identity():
     x = torch.randn(4, 8)
     assert quant.fake_quant_per_token(x, 16) is x
@@ -82,6 +101,28 @@ def test_w4a4_matmul_triton_matches_reference_and_float():
     dense = ((xc.double() - xz.double()) * xs.double()) @ ((wcodes.double() - 8) * wscale.double()).T
     assert torch.allclose(ref.double(), dense, rtol=1e-5, atol=1e-5)
 
+
+
+@pytest.mark.parametrize("index", [0, 2, 5, 9, 14])
+def test_w4a4_autotune_configs_compute_the_same_integer_product(index):
+    """Every tile shape and split-K the CUDA autotuner may pick gives the reference's exact result, on shapes
+    that leave partial tiles in M, N and K (the autotuner itself needs a GPU; each config is launched here)."""
+    cfg = w4a4_matmul._TUNE_CONFIGS[index].kwargs
+    g = torch.Generator().manual_seed(2)
+    m, n, k = 3, 72, 320
+    wcodes = torch.randint(0, 16, (n, k), generator=g).to(torch.uint8)
+    wscale = torch.rand(n, 1, generator=g) + 0.1
+    packed = intpack.pack(wcodes, 4)
+    xc, xs, xz = quant.quantize_per_token(torch.randn(m, k, generator=g), 4)
+    ref = w4a4_matmul.w4a4_matmul_reference(xc, xs, xz, packed, wscale)
+    y, acc = torch.empty(m, n), torch.zeros(m, n, dtype=torch.int32)
+    grid = (triton.cdiv(m, cfg["BLOCK_M"]), triton.cdiv(n, cfg["BLOCK_N"]), cfg["SPLIT_K"])
+    w4a4_matmul._w4a4_kernel[grid](xc.contiguous(), xs.float().reshape(-1), xz.float().reshape(-1), packed,
+                                   wscale.float().reshape(-1), y, acc, m, n, k, 8, 4, **cfg)
+    if cfg["SPLIT_K"] > 1:
+        y = acc.float() * xs.float().reshape(-1, 1) * wscale.float().reshape(1, -1)
+    assert torch.equal(y, ref)
+    assert w4a4_matmul._m_bucket(1) == 1 and w4a4_matmul._m_bucket(3) == 4 and w4a4_matmul._m_bucket(9000) == 4096
 
 # ------------------------------------------------------------------ integer CPU paths (issue 18)
 

@@ -14,11 +14,14 @@ Functions (same signatures for reference and triton):
 - :func:`pack_reference` / :func:`pack_triton`: ``(x, scale, mn, bits) -> packed [N, G*b/8] uint8``;
 - :func:`unpack_reference` / :func:`unpack_triton`: ``(packed, scale, mn, bits, dtype) -> [N, G]``;
 - :func:`quantize_groups` / :func:`dequantize_groups`: dispatchers (triton on CUDA tensors with
-  power-of-two G, the torch reference elsewhere). Tests compare both with ``TRITON_INTERPRET=1``.
+  power-of-two G, the torch reference elsewhere). Tests compare both with ``TRITON_INTERPRET=1``; on a GPU
+  they agree bit for bit only with IEEE division and no multiply-add fusion in the kernels (``EXACT_FP``).
 """
 from __future__ import annotations
 
 import torch
+
+from llmtool.kernels._dispatch import EXACT_FP
 
 try:
     import triton
@@ -83,11 +86,11 @@ if HAVE_TRITON:
         m = tl.load(min_ptr + row).to(tl.float32)
         offs = tl.arange(0, G // PER)
         x0 = tl.load(x_ptr + row * G + offs * PER).to(tl.float32)
-        q0 = tl.minimum(tl.maximum(tl.floor((x0 - m) / s + 0.5), 0.0), 2 ** BITS_ - 1.0)
+        q0 = tl.minimum(tl.maximum(tl.floor(tl.math.div_rn(x0 - m, s) + 0.5), 0.0), 2 ** BITS_ - 1.0)
         acc = q0.to(tl.int32)
         for j in tl.static_range(1, PER):
             xj = tl.load(x_ptr + row * G + offs * PER + j).to(tl.float32)
-            q = tl.floor((xj - m) / s + 0.5)
+            q = tl.floor(tl.math.div_rn(xj - m, s) + 0.5)
             q = tl.minimum(tl.maximum(q, 0.0), 2 ** BITS_ - 1.0)
             acc = acc | (q.to(tl.int32) << (BITS_ * j))
         tl.store(out_ptr + row * (G // PER) + offs, acc.to(tl.uint8))
@@ -111,7 +114,8 @@ def pack_triton(x: torch.Tensor, scale: torch.Tensor, mn: torch.Tensor, bits: in
     per = 8 // bits
     out = torch.empty(n, g // per, dtype=torch.uint8, device=x.device)
     if n:
-        _pack_kernel[(n,)](x.contiguous(), scale.contiguous(), mn.contiguous(), out, G=g, BITS_=bits, PER=per)
+        _pack_kernel[(n,)](x.contiguous(), scale.contiguous(), mn.contiguous(), out, G=g, BITS_=bits, PER=per,
+                           **EXACT_FP)
     return out
 
 
@@ -123,7 +127,7 @@ def unpack_triton(packed: torch.Tensor, scale: torch.Tensor, mn: torch.Tensor, b
     out = torch.empty(n, cols * per, dtype=torch.float32, device=packed.device)
     if n:
         _unpack_kernel[(n,)](packed.contiguous(), scale.contiguous(), mn.contiguous(), out, G=cols * per,
-                             BITS_=bits, PER=per)
+                             BITS_=bits, PER=per, **EXACT_FP)
     return out.to(dtype)
 
 

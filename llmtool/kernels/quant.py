@@ -9,28 +9,32 @@ unsigned ``code ∈ [0, 2^b − 1]``.
 * symmetric: ``scale = c·max|x| / (2^(b−1) − 1)``, ``zero = 2^(b−1)`` (signed range [−2^(b−1), 2^(b−1) − 1]).
 
 A row of zeros gets scale 1. Rounding is round-half-to-even in both the triton kernel and the torch
-reference (the kernel implements it with floor, so both agree bit for bit).
+reference (the kernel implements it with floor, so both agree bit for bit). The kernel divides with IEEE
+rounding (``tl.math.div_rn``; triton's ``/`` is an approximate division on NVIDIA GPUs) and is compiled without
+multiply-add fusion, as the reference computes; without both, the GPU codes differed from the reference's.
 """
 from __future__ import annotations
 
 import torch
 
-from llmtool.kernels._dispatch import use_triton
+from llmtool.kernels._dispatch import EXACT_FP, use_triton
 
 
 def _params_reference(x: torch.Tensor, bits: int, symmetric: bool, clip_ratio: float):
+    # divisions by a tensor, never a Python number: on CUDA torch divides by a CPU scalar as a multiply by
+    # its reciprocal (not the IEEE quotient), which made the reference's scales differ from the kernel's
     x = x.float()
     if symmetric:
         maxq = 2 ** (bits - 1) - 1
         amax = x.abs().amax(dim=-1, keepdim=True) * clip_ratio
-        scale = amax / maxq
+        scale = amax / amax.new_tensor(float(maxq))     # a device tensor: see _params_reference
         scale = torch.where(amax > 0, scale, torch.ones_like(scale))
         zero = torch.full_like(scale, float(2 ** (bits - 1)))
     else:
         maxq = 2 ** bits - 1
         hi = x.amax(dim=-1, keepdim=True).clamp(min=0) * clip_ratio
         lo = x.amin(dim=-1, keepdim=True).clamp(max=0) * clip_ratio
-        scale = (hi - lo) / maxq
+        scale = (hi - lo) / hi.new_tensor(float(maxq))
         scale = torch.where(hi > lo, scale, torch.ones_like(scale))
         zero = torch.round(-lo / scale)
     return scale, zero
@@ -70,16 +74,16 @@ try:
         x = tl.load(x_ptr + row * n_cols + cols, mask=mask, other=0.0).to(tl.float32)
         if SYMMETRIC:
             amax = tl.max(tl.abs(x), axis=0) * clip_ratio
-            scale = amax / (2 ** (BITS - 1) - 1)
+            scale = tl.math.div_rn(amax, 2.0 ** (BITS - 1) - 1)
             scale = tl.where(amax > 0, scale, 1.0)
             zero = scale * 0.0 + 2 ** (BITS - 1)
         else:
             hi = tl.maximum(tl.max(x, axis=0), 0.0) * clip_ratio
             lo = tl.minimum(tl.min(x, axis=0), 0.0) * clip_ratio
-            scale = (hi - lo) / (2 ** BITS - 1)
+            scale = tl.math.div_rn(hi - lo, 2.0 ** BITS - 1)
             scale = tl.where(hi > lo, scale, 1.0)
-            zero = _round_half_even(-lo / scale)
-        q = _round_half_even(x / scale) + zero
+            zero = _round_half_even(tl.math.div_rn(-lo, scale))
+        q = _round_half_even(tl.math.div_rn(x, scale)) + zero
         q = tl.minimum(tl.maximum(q, 0.0), 2 ** BITS - 1)
         tl.store(codes_ptr + row * n_cols + cols, q.to(tl.uint8), mask=mask)
         tl.store(scale_ptr + row, scale)
@@ -97,7 +101,7 @@ try:
         out = torch.empty(rows, n, dtype=torch.float32, device=x.device) if fake else codes
         _quant_rows_kernel[(rows,)](x2, codes, scale, zero, out, n, float(clip_ratio), BITS=bits,
                                     SYMMETRIC=bool(symmetric), WRITE_FAKE=fake,
-                                    BLOCK=triton.next_power_of_2(n))
+                                    BLOCK=triton.next_power_of_2(n), **EXACT_FP)
         return codes.reshape(shape), scale.reshape(*shape[:-1], 1), zero.reshape(*shape[:-1], 1), out
 
     def quantize_per_token_triton(x, bits, symmetric=False, clip_ratio=1.0):

@@ -9,7 +9,8 @@
   activations (A≤7) multiply their integer codes by them in float32 (the integer sum, exact), weight-only
   settings dequantize them transiently. With bfloat16 activations on the CPU, W4A16 uses torch's int4
   weight-only kernel (``_weight_int4pack_mm_for_cpu``; llmtool's per-channel scales repeated over column
-  groups of 64–256). torch's integer GEMMs (``_int_mm``, ``_weight_int8pack_mm``) and the int4 kernel with
+  groups of 64–256); on CUDA, torch's tinygemm kernel (``_weight_int4pack_mm``) for decode-sized batches and
+  a transient bf16/fp16 dequantization + cuBLAS for larger ones (:data:`TINYGEMM_MAX_ROWS`). torch's integer GEMMs (``_int_mm``, ``_weight_int8pack_mm``) and the int4 kernel with
   float32 activations were measured 2–20x slower than this on an AVX2 CPU, so they are not used.
 * :class:`LowRankTransition` — the ReSpinQuant residual basis change ``h ↦ h + (h Q) M Qᵀ``.
 * :class:`DenseTransition` — ``h ↦ h T`` (exact; used while learning rotations).
@@ -32,6 +33,13 @@ from llmtool.kernels.intpack import pack, packed_width, unpack
 from llmtool.kernels.quant import quantize_per_token
 from llmtool.kernels.w4a4_matmul import w4a4_matmul
 from llmtool.quantize.quantizers import dequantize_weight, fake_quant_act, fake_quant_act_ste, weight_zero
+
+# rows up to which W4A16 on CUDA uses tinygemm. On an H200 (benchmarks/gpu_check.py, 4096-11008 wide layers)
+# tinygemm ran 1.9x faster than the bf16 cuBLAS GEMM at 1 row, on par at 8, and took 0.02-0.06 ms at 16 rows,
+# 0.3-0.8 ms at 256 and 2.4-6.3 ms at 2048, where dequantizing to bf16 + cuBLAS took 0.18-0.45 ms (256) and
+# 0.26-0.65 ms (2048): the crossover lies between 16 and 256 rows
+TINYGEMM_MAX_ROWS = 128
+
 
 class QuantLinear(nn.Module):
     def __init__(self, in_features: int, out_features: int, w_bits: int = 16, a_bits: int = 16,
@@ -117,6 +125,27 @@ class QuantLinear(nn.Module):
             return packed, group, sz
         return self._cached("int4pack", build)
 
+    def _int4pack_cuda(self):
+        """(packed weight, group size, scales_and_zeros) for torch's CUDA int4 weight-only kernel
+        (``_weight_int4pack_mm``, the tinygemm kernel; bfloat16 activations), or None when the shape does
+        not fit it (in_features a multiple of 32, out_features of 8). The kernel wants the even column in
+        the high nibble (llmtool packs it low) and computes ``(c − 8) · scale + zero`` per group."""
+        k, n = self.in_features, self.out_features
+        group = next((g for g in (256, 128, 64, 32) if k % g == 0), None)
+        tiles = next((t for t in (8, 4, 2) if k % (16 * t) == 0), None)
+        if (self.w_bits != 4 or group is None or tiles is None or n % 8
+                or not hasattr(torch.ops.aten, "_weight_int4pack_mm")):
+            return None
+
+        def build():
+            p = self.weight_packed
+            swapped = ((p & 0x0F) << 4) | (p >> 4)
+            packed = torch.ops.aten._convert_weight_to_int4pack(swapped.contiguous(), tiles)
+            scale = self.weight_scale.to(torch.bfloat16).reshape(1, -1).expand(k // group, -1)
+            sz = torch.stack([scale, torch.zeros_like(scale)], dim=-1).contiguous()
+            return packed, group, sz
+        return self._cached("int4pack_cuda", build)
+
     def _load_from_state_dict(self, *args, **kwargs):
         self._kernel_cache = {}
         return super()._load_from_state_dict(*args, **kwargs)
@@ -137,6 +166,14 @@ class QuantLinear(nn.Module):
             if op is not None:      # torch's int4 weight-only CPU kernel (fast with bf16 activations)
                 packed, group, sz = op
                 return torch.ops.aten._weight_int4pack_mm_for_cpu(x2.contiguous(), packed, group, sz.to(x2.dtype))
+        if x2.is_cuda and x2.dtype in (torch.bfloat16, torch.float16):
+            op = self._int4pack_cuda() if self.w_bits == 4 and x2.dtype == torch.bfloat16 else None
+            if op is not None and x2.shape[0] <= TINYGEMM_MAX_ROWS:     # torch's tinygemm int4 kernel
+                packed, group, sz = op
+                return torch.ops.aten._weight_int4pack_mm(x2.contiguous(), packed, group, sz)
+            # larger batches: the weight dequantized transiently in the activation dtype, then cuBLAS
+            w = (self.codes().to(torch.int16) - weight_zero(self.w_bits)).to(x2.dtype) * self.weight_scale.to(x2.dtype)
+            return F.linear(x2, w)
         w = self._int8_codes().to(torch.float32) * self.weight_scale.float()          # transient
         return F.linear(x2.float(), w)
 
