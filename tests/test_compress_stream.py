@@ -143,3 +143,16 @@ def test_non_finite_weight_is_refused(tmp_path):
     save_file(state, str(f), metadata={"format": "pt"})
     code, _, err = run_cli("compress", "--method", "svd", str(src), str(tmp_path / "o"), "--ratio", "0.3", "--stream")
     assert code == 2 and "up_proj.weight has NaN" in err and not (tmp_path / "o").exists()
+
+
+def test_finite_check_in_chunks_sees_every_entry(monkeypatch):
+    """The chunked check (no whole-tensor temporaries) still finds a NaN/inf in any chunk, the last partial one too."""
+    from llmtool.core import models
+
+    monkeypatch.setattr(models, "FINITE_CHUNK", 7)
+    t = torch.randn(5, 9)
+    assert models.all_finite(t)
+    for pos, bad in [(0, float("nan")), (20, float("inf")), (44, float("-inf")), (43, float("nan"))]:
+        u = t.clone().reshape(-1)
+        u[pos] = bad
+        assert not models.all_finite(u.reshape(5, 9)), pos

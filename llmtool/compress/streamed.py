@@ -42,6 +42,7 @@ give the same ranks and factors to rounding (tests/test_compress_stream.py).
 """
 from __future__ import annotations
 
+import functools
 import json
 import shutil
 import time
@@ -76,6 +77,31 @@ def release_large_frees() -> None:
         libc.mallopt(-3, 1 << 20)   # M_MMAP_THRESHOLD (fixes it, which also stops the dynamic raise)
     except (OSError, AttributeError):
         pass
+
+
+@functools.lru_cache(maxsize=1)
+def _libc():
+    import ctypes
+    import ctypes.util
+    import sys
+
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+        return libc if hasattr(libc, "malloc_trim") else None
+    except OSError:
+        return None
+
+
+def trim_heap() -> None:
+    """Give the heap's free pages back to the OS (glibc ``malloc_trim``; elsewhere nothing happens). Called
+    after each layer: the allocations under the mmap threshold that a layer's forward/backward leaves freed
+    otherwise stay in the process, measured on the default model as 2.7-3.5 MB per layer and pass (peak 886 ->
+    789 MB for streamed ZS-SVD at 40 %)."""
+    libc = _libc()
+    if libc is not None:
+        libc.malloc_trim(0)
 
 
 def check_streamable(cfg) -> None:
@@ -161,6 +187,7 @@ class LayerStream:
         finally:
             for name in self.layer_keys[i]:
                 self._set(layer, name, None)
+            trim_heap()
 
 
 class ShardWriter:
