@@ -360,14 +360,9 @@ def mem_now(model) -> int:
     if DEV == "cuda":
         torch.cuda.empty_cache()
         return torch.cuda.memory_allocated()
-    from llmtool.quantize.modules import QuantLinear
+    from llmtool.quantize.modules import resident_bytes
 
-    seen, total = set(), 0
-    for t in list(model.parameters()) + list(model.buffers()):
-        if t.data_ptr() not in seen:
-            seen.add(t.data_ptr())
-            total += t.numel() * t.element_size()
-    return total + sum(m.cache_bytes() for m in model.modules() if isinstance(m, QuantLinear))
+    return resident_bytes(model)
 
 
 def part_e2e(res, budget, layers: int, jobs=("quarot", "zs-svd")):

@@ -36,18 +36,6 @@ SETTINGS = {"fp32": None, "rtn W4A16": {"w_bits": 4, "a_bits": 16}, "rtn W8A16":
             "rtn W4A4": {"w_bits": 4, "a_bits": 4}}
 
 
-def model_bytes(model) -> int:
-    from llmtool.quantize.modules import QuantLinear
-
-    seen, total = set(), 0
-    for t in list(model.parameters()) + list(model.buffers()):
-        if t.data_ptr() in seen:
-            continue
-        seen.add(t.data_ptr())
-        total += t.numel() * t.element_size()
-    return total + sum(m.cache_bytes() for m in model.modules() if isinstance(m, QuantLinear))
-
-
 @torch.no_grad()
 def decode_tps(model, prompt, new_tokens: int) -> float:
     t0 = time.perf_counter()
@@ -71,6 +59,7 @@ def main() -> None:
     from llmtool.core.lm import token_nll
     from llmtool.core.models import load_model, load_tokenizer
     from llmtool.quantize.api import quantize_
+    from llmtool.quantize.modules import resident_bytes
     from llmtool.quantize.runner import make_config
 
     tok = load_tokenizer(args.model)
@@ -95,12 +84,12 @@ def main() -> None:
     for _ in range(args.repeats):
         for name, m in models.items():
             speeds[name].append(decode_tps(m, prompt, args.new_tokens))
-    fp_bytes, fp_tps = model_bytes(base), statistics.median(speeds["fp32"])
+    fp_bytes, fp_tps = resident_bytes(base), statistics.median(speeds["fp32"])
     rows = []
     for name, m in models.items():
         tps = statistics.median(speeds[name])
-        rows.append({"setting": name, "memory_mb": round(model_bytes(m) / 2 ** 20, 1),
-                     "memory_ratio": round(model_bytes(m) / fp_bytes, 3), "decode_tok_s": round(tps, 1),
+        rows.append({"setting": name, "memory_mb": round(resident_bytes(m) / 2 ** 20, 1),
+                     "memory_ratio": round(resident_bytes(m) / fp_bytes, 3), "decode_tok_s": round(tps, 1),
                      "decode_ratio": round(tps / fp_tps, 2),
                      "decode_tok_s_runs": [round(s, 1) for s in speeds[name]], "ppl": round(ppl(m), 2)})
         print(rows[-1], flush=True)

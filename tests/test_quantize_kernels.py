@@ -174,3 +174,21 @@ def test_weight_only_products_match_the_dequantized_product(w_bits):
     q.set_quantized(torch.full((q.out_features, q.in_features), 2 ** (w_bits - 1) + 1, dtype=torch.uint8),
                     q.weight_scale.float(), w_bits)
     assert torch.allclose(q(x), x.sum(1, keepdim=True) * q.weight_scale.float().reshape(1, -1), rtol=1e-4, atol=1e-5)
+
+
+def test_resident_bytes_counts_tied_storage_once_and_kernel_caches():
+    from conftest import build_tiny_llama
+
+    from llmtool.quantize.api import quantize_
+    from llmtool.quantize.modules import QuantLinear, resident_bytes
+    from llmtool.quantize.runner import make_config
+
+    model = build_tiny_llama(128)
+    unique = {p.data_ptr(): p.numel() * p.element_size() for p in list(model.parameters()) + list(model.buffers())}
+    assert resident_bytes(model) == sum(unique.values())
+    quantize_(model, make_config("rtn", w_bits=4, a_bits=16))
+    model(input_ids=torch.zeros(1, 4, dtype=torch.long))          # builds the int8 code caches
+    caches = sum(m.cache_bytes() for m in model.modules() if isinstance(m, QuantLinear))
+    assert caches > 0
+    unique = {t.data_ptr(): t.numel() * t.element_size() for t in list(model.parameters()) + list(model.buffers())}
+    assert resident_bytes(model) == sum(unique.values()) + caches

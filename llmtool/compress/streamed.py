@@ -60,38 +60,30 @@ from llmtool.core.console import UsageError, info, progress
 from llmtool.core.evalkit import peak_rss_mb
 
 
+@functools.lru_cache(maxsize=1)
+def _glibc():
+    """The C library on Linux (glibc's malloc tuning calls), else None."""
+    import ctypes
+    import ctypes.util
+    import sys
+
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        return ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+    except OSError:
+        return None
+
+
 def release_large_frees() -> None:
     """Serve allocations of 1 MiB and more with their own mappings, returned to the OS when freed (glibc
     only; elsewhere nothing happens). glibc otherwise raises its mmap threshold after the first large
     free and keeps later layer-sized buffers in its heap, so a run that loads and frees one layer after
     another grows by fragments; measured on the default model: peak 937 MB -> 856 MB after 4 layers,
     flat afterwards."""
-    import ctypes
-    import ctypes.util
-    import sys
-
-    if not sys.platform.startswith("linux"):
-        return
-    try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+    libc = _glibc()
+    if libc is not None and hasattr(libc, "mallopt"):
         libc.mallopt(-3, 1 << 20)   # M_MMAP_THRESHOLD (fixes it, which also stops the dynamic raise)
-    except (OSError, AttributeError):
-        pass
-
-
-@functools.lru_cache(maxsize=1)
-def _libc():
-    import ctypes
-    import ctypes.util
-    import sys
-
-    if not sys.platform.startswith("linux"):
-        return None
-    try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
-        return libc if hasattr(libc, "malloc_trim") else None
-    except OSError:
-        return None
 
 
 def trim_heap() -> None:
@@ -99,8 +91,8 @@ def trim_heap() -> None:
     after each layer: the allocations under the mmap threshold that a layer's forward/backward leaves freed
     otherwise stay in the process, measured on the default model as 2.7-3.5 MB per layer and pass (peak 886 ->
     789 MB for streamed ZS-SVD at 40 %)."""
-    libc = _libc()
-    if libc is not None:
+    libc = _glibc()
+    if libc is not None and hasattr(libc, "malloc_trim"):
         libc.malloc_trim(0)
 
 

@@ -27,7 +27,7 @@ def _params_reference(x: torch.Tensor, bits: int, symmetric: bool, clip_ratio: f
     if symmetric:
         maxq = 2 ** (bits - 1) - 1
         amax = x.abs().amax(dim=-1, keepdim=True) * clip_ratio
-        scale = amax / amax.new_tensor(float(maxq))     # a device tensor: see _params_reference
+        scale = amax / amax.new_tensor(float(maxq))
         scale = torch.where(amax > 0, scale, torch.ones_like(scale))
         zero = torch.full_like(scale, float(2 ** (bits - 1)))
     else:

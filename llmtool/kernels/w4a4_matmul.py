@@ -91,10 +91,13 @@ try:
                          (128, 128, 64, 1, 4, 4), (128, 128, 128, 1, 8, 3), (128, 256, 64, 1, 8, 3),
                          (256, 128, 64, 1, 8, 3)]]
 
+    SPLIT_K_MAX_BUCKET = 64   # split-K configs are tried only up to this M bucket
+
     def _prune(configs, named_args, **kwargs):
         """Row tiles no taller than the bucketed M; split-K only where few row tiles leave the GPU idle."""
         m = named_args["M_BUCKET"]
-        kept = [c for c in configs if c.kwargs["BLOCK_M"] <= max(16, m) and (c.kwargs["SPLIT_K"] == 1 or m <= 64)]
+        kept = [c for c in configs if c.kwargs["BLOCK_M"] <= max(16, m)
+                and (c.kwargs["SPLIT_K"] == 1 or m <= SPLIT_K_MAX_BUCKET)]
         return kept or configs[:1]
 
     _w4a4_tuned = triton.autotune(configs=_TUNE_CONFIGS, key=["M_BUCKET", "N", "K"], reset_to_zero=["acc_ptr"],
@@ -108,14 +111,17 @@ try:
         """The triton kernel; ``tuned`` (default: on unless interpreting) picks the autotuned launch."""
         M, K = x_codes.shape
         N = w_packed.shape[0]
+        if tuned is None:
+            tuned = not interpreting()
+        bucket = _m_bucket(M)
         y = torch.empty(M, N, dtype=torch.float32, device=x_codes.device)
-        acc = torch.zeros(M, N, dtype=torch.int32, device=x_codes.device)
+        # the int32 split-K accumulator (zeroed) only where a split-K config can be picked; else a placeholder
+        acc_shape = (M, N) if tuned and bucket <= SPLIT_K_MAX_BUCKET else (1,)
+        acc = torch.zeros(acc_shape, dtype=torch.int32, device=x_codes.device)
         xs = x_scale.float().reshape(-1).contiguous()
         ws = w_scale.float().reshape(-1).contiguous()
         args = (x_codes.contiguous(), xs, x_zero.float().reshape(-1).contiguous(), w_packed.contiguous(), ws, y,
-                acc, M, N, K, int(w_zero), _m_bucket(M))
-        if tuned is None:
-            tuned = not interpreting()
+                acc, M, N, K, int(w_zero), bucket)
         if tuned:
             grid = lambda meta: (triton.cdiv(M, meta["BLOCK_M"]), triton.cdiv(N, meta["BLOCK_N"]),  # noqa: E731
                                  meta["SPLIT_K"])

@@ -220,6 +220,17 @@ class QuantLinear(nn.Module):
                 f"online_hadamard={self.online_hadamard}")
 
 
+def resident_bytes(model: nn.Module) -> int:
+    """Bytes a (quantized) model holds in memory: its parameters and buffers, each storage counted once (tied
+    weights), plus the kernel caches of its :class:`QuantLinear` modules (:meth:`QuantLinear.cache_bytes`)."""
+    seen, total = set(), 0
+    for t in list(model.parameters()) + list(model.buffers()):
+        if t.data_ptr() not in seen:
+            seen.add(t.data_ptr())
+            total += t.numel() * t.element_size()
+    return total + sum(m.cache_bytes() for m in model.modules() if isinstance(m, QuantLinear))
+
+
 class LowRankTransition(nn.Module):
     """``h ↦ h + (h Q) M Qᵀ`` with ``basis`` Q [D, r] (orthonormal columns) and ``core`` M [r, r]."""
 
