@@ -17,7 +17,11 @@ Wilson 95 % interval; TPR@1 % and @10 % FPR (thresholds: the (k+1)-th largest of
 scores, k = floor(fpr n_neg)) with Wilson intervals over the n positives; AUROC.
 Quality: all-MiniLM-L6-v2 cosine to the watermarked source (mean); perplexity under the unwatermarked
 model (median); self-BLEU of the attack's outputs (mean over outputs of BLEU-4 of each against all the
-others; lower = more diverse); NLI entailment not measured (no NLI model available offline).
+others; lower = more diverse); with ``--nli-model DIR`` (any local Hugging Face NLI classifier, e.g.
+roberta-large-mnli) NLI entailment in both directions between the watermarked source and each output
+(llmtool.evade.entailment: mean over texts of min(P(src entails out), P(out entails src)), and the share of
+texts the classifier labels entailment both ways); without it NLI is not measured (no NLI model ships
+offline).
 Similarity at matched detection (definition used): the mean similarity over the texts an attack
 *evades* (not flagged at the fixed threshold), so attacks are compared on outputs with the same
 detection outcome; reported with the count.
@@ -74,8 +78,19 @@ def main(argv=None) -> int:
     ap.add_argument("--batch-size", type=int, default=16)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--out", default=str(RESULTS / "evade"))
+    ap.add_argument("--nli-model", default=None, metavar="DIR",
+                    help="local NLI classifier directory (e.g. roberta-large-mnli): adds NLI entailment columns")
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
+    if args.nli_model is not None:
+        from llmtool.core.console import UsageError
+        from llmtool.evade.entailment import check_nli_model
+
+        try:
+            check_nli_model(args.nli_model)  # a bad directory fails before an hour of work
+        except UsageError as e:
+            print(f"error: {e}", file=sys.stderr)
+            return 2
 
     from llmtool.core.intervals import wilson
     from llmtool.core.models import load_model, load_tokenizer, set_seed
@@ -100,6 +115,11 @@ def main(argv=None) -> int:
     tok, model = load_tokenizer(args.model), load_model(args.model)
     vocab = int(model.config.vocab_size)
     embedder = SentenceEmbedder()
+    nli = None
+    if args.nli_model is not None:
+        from llmtool.evade.entailment import NLIScorer
+
+        nli = NLIScorer(args.nli_model, batch_size=args.batch_size)
     rows = austen_prompts(args.n_neg, prompt_words=30, human_words=args.max_new_tokens, seed=args.seed,
                           source="austen-test")
     human = [r["human_text"] for r in rows]
@@ -162,12 +182,18 @@ def main(argv=None) -> int:
                     "self_bleu": self_bleu(texts), "mean_score": statistics.fmean(d.score for d in dets),
                     "mean_tokens": statistics.fmean(len(ids_of(t)) for t in texts), **(extra or {}),
                     "example": texts[0][:300]})
+        if nli is not None:  # the "none" row scores each text against itself: the classifier's own ceiling
+            both = nli.both_directions(marked[name], texts)["summary"]
+            rec.update({"nli_src_to_hyp": both["src_to_hyp_mean"], "nli_hyp_to_src": both["hyp_to_src_mean"],
+                        "nli_bidirectional": both["bidirectional_mean"],
+                        "nli_entailed_both": both["entailed_both_share"]})
         state["records"] = [r for r in state["records"] if not (r["scheme"] == name and r["attack"] == attack)]
         state["records"].append(rec)
         outputs[(name, attack)] = texts
         print(f"  {name} {attack:12s} evade={rec['evasion_rate']:.2f} tpr@1%={m['tpr@fpr=0.01']:.2f} "
               f"auroc={m['auroc']:.2f} sim={rec['similarity']:.2f} ppl={rec['ppl_median']} "
-              f"sbleu={rec['self_bleu']:.3f}", file=sys.stderr)
+              f"sbleu={rec['self_bleu']:.3f}"
+              + (f" nli={rec['nli_bidirectional']:.2f}" if nli is not None else ""), file=sys.stderr)
 
     def ctx_for(name, bira=None):
         scheme = schemes[name]
@@ -252,7 +278,7 @@ def write_results(args, argv, state, t_start) -> None:
             "intervals": "Wilson 95% over the n watermarked texts",
             "similarity_at_matched_detection": "similarity_evaded = mean S-BERT similarity over the texts the "
                                                "attack evades (not flagged at the fixed threshold)",
-            "nli": "not measured: no NLI model available offline",
+            "nli": nli_meta(args.nli_model),
             "fpr_at_fixed_threshold": state["fpr_fixed"],
             "calibration": state["calibration"], "skipped": state["skipped"],
             "stage_seconds": state["stage_seconds"], "seconds_total": round(time.time() - t_start, 1),
@@ -276,8 +302,13 @@ def write_results(args, argv, state, t_start) -> None:
                      "ppl": None if r["ppl_median"] is None else round(r["ppl_median"], 1),
                      "self-BLEU": round(r["self_bleu"], 3), "degen": r.get("degenerate_rate"),
                      "attempts": r.get("mean_attempts")})
+        if args.nli_model is not None:
+            rows[-1].update({"NLI bi": _round(r.get("nli_bidirectional")),
+                             "NLI both": _round(r.get("nli_entailed_both"))})
     cols = ["scheme", "attack", "n", "evasion", "evasion 95% CI", "TPR@1%", "TPR@1% CI", "TPR@10%", "TPR@10% CI",
-            "AUROC", "sim", "sim (evaded)", "ppl", "self-BLEU", "degen", "attempts"]
+            "AUROC", "sim", "sim (evaded)", "ppl", "self-BLEU"]
+    cols += ["NLI bi", "NLI both"] if args.nli_model is not None else []
+    cols += ["degen", "attempts"]
     table = markdown_table(rows, cols) if rows else "(no results)"
     cal = state["calibration"]
     cal_txt = "not run (skipped)" if cal is None else (
@@ -285,7 +316,7 @@ def write_results(args, argv, state, t_start) -> None:
         + ", ".join(f"beta {c['beta']:g}: {c['degenerate_rate']:.0%} degenerate" for c in cal["curve"]) + ")")
     fpr_txt = "; ".join(f"{k} {v['flagged']}/{v['n_neg']} = {v['fpr']:.3f} [{v['ci'][0]:.3f}, {v['ci'][1]:.3f}]"
                         for k, v in state["fpr_fixed"].items())
-    cmd = "python benchmarks/evade.py " + " ".join(argv if argv is not None else sys.argv[1:])
+    cmd = "python benchmarks/evade.py " + " ".join(public_argv(argv if argv is not None else sys.argv[1:]))
     skipped = ", ".join(state["skipped"]) or "none"
     out.with_suffix(".md").write_text(
         f"# evade benchmark\n\nCommand: `{cmd.strip()}`\n\n"
@@ -296,13 +327,61 @@ def write_results(args, argv, state, t_start) -> None:
         f"sim = mean all-MiniLM-L6-v2 cosine to the watermarked text; sim (evaded) = the same over the texts the "
         f"attack evades (similarity at matched detection outcome); ppl = median perplexity under the unwatermarked "
         f"model; self-BLEU = mean sacrebleu BLEU-4 of each output against the other outputs (lower = more "
-        f"diverse). NLI entailment: not measured (no NLI model available offline).\n\n"
+        f"diverse). {nli_note(args.nli_model)}\n\n"
         f"False-positive rate of the fixed thresholds on the human negatives (Wilson 95 %): {fpr_txt}.\n\n"
         f"BIRA calibration (llmtool.evade.bira.calibrate_beta, beta = 0 baseline rule, via "
         f"beta_cache.calibrated_beta0): {cal_txt}.\n\n"
         f"Stages skipped (not started before --stop-at): {skipped}.\n\n"
         f"Total {meta['seconds_total'] / 60:.1f} min, {args.threads} torch threads.\n\n" + table + "\n")
     print(table)
+
+
+def nli_meta(path):
+    """What the JSON records about NLI: the model directory's name (never this machine's path) and the
+    definition, or how to measure it."""
+    if path is None:
+        return ("not measured: no NLI model ships offline; pass --nli-model DIR (any local Hugging Face NLI "
+                "classifier, e.g. roberta-large-mnli) to measure it")
+    from llmtool.evade.entailment import model_name
+
+    return {"model": model_name(path),
+            "definition": "nli_src_to_hyp / nli_hyp_to_src = mean P(entailment) with the watermarked source / "
+                          "the output as premise; nli_bidirectional = mean over texts of the minimum of the two; "
+                          "nli_entailed_both = share of texts the classifier labels entailment in both directions "
+                          "(llmtool.evade.entailment)"}
+
+
+def nli_note(path) -> str:
+    if path is None:
+        return ("NLI entailment: not measured (no NLI model ships offline; `--nli-model DIR` with any local "
+                "Hugging Face NLI classifier, e.g. roberta-large-mnli, measures it).")
+    from llmtool.evade.entailment import model_name
+
+    return (f"NLI bi = mean over texts of min(P(source entails output), P(output entails source)) under "
+            f"{model_name(path)}; NLI both = share of texts it labels entailment in both directions (the none "
+            f"row scores each text against itself).")
+
+
+def public_argv(argv) -> list[str]:
+    """The command line as recorded: the --nli-model directory by its name only."""
+    from llmtool.evade.entailment import model_name
+
+    out, it = [], iter(argv)
+    for a in it:
+        if a == "--nli-model":
+            out.append(a)
+            nxt = next(it, None)
+            if nxt is not None:
+                out.append(model_name(nxt))
+        elif a.startswith("--nli-model="):
+            out.append("--nli-model=" + model_name(a.split("=", 1)[1]))
+        else:
+            out.append(a)
+    return out
+
+
+def _round(x, digits: int = 3):
+    return None if x is None else round(x, digits)
 
 
 if __name__ == "__main__":

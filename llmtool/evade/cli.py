@@ -264,23 +264,40 @@ def quality(
     src_field: Annotated[str, typer.Option("--src-field")] = "watermarked_text",
     hyp_field: Annotated[str, typer.Option("--hyp-field")] = "attacked_text",
     ppl_model: Annotated[str, typer.Option("--ppl-model", help="Oracle LM for perplexity.")] = "smollm2-135m",
+    nli_model: Annotated[Optional[Path], typer.Option("--nli-model", help="Local NLI classifier directory (e.g. "
+                                                      "roberta-large-mnli): adds entailment in both directions.")] = None,
 ) -> None:
-    """Semantic similarity (all-MiniLM-L6-v2 cosine) of rewrite to source, and perplexity of both."""
+    """Semantic similarity (all-MiniLM-L6-v2 cosine) of rewrite to source, and perplexity of both; with
+    --nli-model also NLI entailment source -> rewrite and rewrite -> source (llmtool/evade/entailment.py)."""
+    from llmtool.evade.entailment import check_nli_model  # torch-free
+
+    if nli_model is not None:
+        check_nli_model(nli_model)  # a bad directory fails before any model loads
     preflight(ppl_model, None, inputs=(attacked,))
     import statistics
 
     from llmtool.core.data import read_jsonl
-    from llmtool.core.models import load_model, load_tokenizer
+    from llmtool.core.models import load_model, load_tokenizer, parse_device
     from llmtool.evade.metrics import perplexity_of
     from llmtool.evade.similarity import SentenceEmbedder
 
     rows = read_jsonl(attacked)
     src, hyp = _texts(rows, attacked, src_field), _texts(rows, attacked, hyp_field)
     sims = SentenceEmbedder().similarity(src, hyp)
+    nli = None
+    if nli_model is not None:
+        from llmtool.evade.entailment import NLIScorer
+
+        nli = NLIScorer(nli_model, device=str(parse_device(None))).both_directions(src, hyp)["summary"]
     m, tok = load_model(ppl_model), load_tokenizer(ppl_model)
     p_src, p_hyp = perplexity_of(m, tok, src), perplexity_of(m, tok, hyp)
-    emit({"texts": len(rows), "similarity_mean": statistics.fmean(sims), "ppl_src_median": statistics.median(p_src),
-          "ppl_hyp_median": statistics.median(p_hyp)})
+    out = {"texts": len(rows), "similarity_mean": statistics.fmean(sims), "ppl_src_median": statistics.median(p_src),
+           "ppl_hyp_median": statistics.median(p_hyp)}
+    if nli is not None:
+        out.update({"nli_src_to_hyp_mean": nli["src_to_hyp_mean"], "nli_hyp_to_src_mean": nli["hyp_to_src_mean"],
+                    "nli_bidirectional_mean": nli["bidirectional_mean"],
+                    "nli_entailed_both_share": nli["entailed_both_share"]})
+    emit(out)
 
 
 @app.command("prompts")
