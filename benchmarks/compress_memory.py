@@ -37,10 +37,20 @@ import torch, transformers  # noqa: F401
 from llmtool.compress import streamed, pipeline  # noqa: F401
 from llmtool.core import data
 from llmtool.core.models import load_tokenizer
+from llmtool.core.evalkit import peak_rss_mb
 tok = load_tokenizer(sys.argv[1])
 data.calibration_batches(tok, "austen-train", int(sys.argv[2]), int(sys.argv[3]), 0)
-from llmtool.core.evalkit import peak_rss_mb
-print(json.dumps(peak_rss_mb()))
+out = {"process": peak_rss_mb()}
+# the model's code and its weightless (meta) skeleton, as the streamed run builds them
+from pathlib import Path
+from accelerate import init_empty_weights
+from transformers import AutoModelForCausalLM
+from llmtool.core.checkpoint import read_config
+from llmtool.core.models import hf_config
+with init_empty_weights(include_buffers=False):
+    AutoModelForCausalLM.from_config(hf_config(Path(sys.argv[1]), read_config(Path(sys.argv[1]))), dtype=torch.float32)
+out["with_model_code"] = peak_rss_mb()
+print(json.dumps(out))
 """
 
 
@@ -85,12 +95,14 @@ def main() -> None:
     bases = 4 * sum((m + n) * min(m, n) for m, n in mats)          # U and Q^T of every module, float32
     budget = layer_bytes + acts + bases
     env = {**os.environ, "OMP_NUM_THREADS": str(args.threads)}
-    base_rss = json.loads(subprocess.run([sys.executable, "-c", BASELINE, str(src), str(args.calib_samples),
-                                          str(args.calib_seqlen)], capture_output=True, text=True, env=env,
-                                         check=True).stdout)
+    base = json.loads(subprocess.run([sys.executable, "-c", BASELINE, str(src), str(args.calib_samples),
+                                      str(args.calib_seqlen)], capture_output=True, text=True, env=env,
+                                     check=True).stdout)
+    base_rss = base["with_model_code"]
     mb = 1024 ** 2
     meta = {"layer_MB": layer_bytes / mb, "calib_activations_MB": acts / mb, "layer_bases_MB": bases / mb,
-            "gate_budget_MB": 1.5 * budget / mb, "baseline_process_MB": base_rss, "non_layer_weights_MB": non_layer / mb,
+            "gate_budget_MB": 1.5 * budget / mb, "baseline_process_MB": base_rss,
+            "baseline_without_model_code_MB": base["process"], "non_layer_weights_MB": non_layer / mb,
             "model_fp32_MB": 4 * sum(torch.Size(s).numel() for s in shapes.values()) / mb, "layers": n_layers}
     print(meta, flush=True)
 
@@ -151,6 +163,8 @@ def summary(meta, rows) -> list[dict]:
                         "rss_in_memory_MB": mem[0]["peak_rss_MB"], "rss_stream_MB": st[0]["peak_rss_MB"],
                         "rss_ratio": st[0]["peak_rss_MB"] / mem[0]["peak_rss_MB"],
                         "stream_net_MB": st[0]["above_baseline_and_non_layer_MB"],
+                        "stream_net_without_code_MB": (st[0]["peak_rss_MB"] - meta["baseline_without_model_code_MB"]
+                                                       - meta["non_layer_weights_MB"]),
                         "gate_MB": meta["gate_budget_MB"],
                         "gate_met": st[0]["above_baseline_and_non_layer_MB"] <= meta["gate_budget_MB"]})
     return out
@@ -166,15 +180,19 @@ def write(args, meta, rows, markdown_table, seconds) -> None:
     cols = ["ratio", "method", "stream", "grad", "ppl", "peak_rss_MB", "above_baseline_and_non_layer_MB", "seconds",
             "achieved_ratio", "dense_modules", "predicted_dL", "window_dL_sd"]
     scols = ["ratio", "method", "ppl_in_memory", "ppl_stream", "ppl_windows_min_max", "ppl_windows_sd",
-             "rss_in_memory_MB", "rss_stream_MB", "rss_ratio", "stream_net_MB", "gate_MB", "gate_met"]
+             "rss_in_memory_MB", "rss_stream_MB", "rss_ratio", "stream_net_MB", "stream_net_without_code_MB", "gate_MB",
+             "gate_met"]
     note = (f"Model {args.model} ({meta['model_fp32_MB']:.0f} MB fp32, {meta['layers']} layers); calibration "
             f"austen-train {args.calib_samples}x{args.calib_seqlen}; gradient windows of {args.grad_seqlen} tokens; "
             f"perplexity on the first {args.eval_tokens} tokens of austen-test. Memory model: one layer "
             f"{meta['layer_MB']:.1f} MB + calibration activations {meta['calib_activations_MB']:.1f} MB + one layer's "
             f"bases {meta['layer_bases_MB']:.1f} MB, x1.5 = gate {meta['gate_budget_MB']:.1f} MB; on top of a "
-            f"baseline process of {meta['baseline_process_MB']:.0f} MB (torch, transformers, tokenizer, text) and "
+            f"baseline process of {meta['baseline_process_MB']:.0f} MB (torch, transformers, tokenizer, text, and the "
+            f"model's code with its weightless meta skeleton; {meta['baseline_without_model_code_MB']:.0f} MB without the "
+            "model code, the definition of the runs before 2026-12-04) and "
             f"{meta['non_layer_weights_MB']:.0f} MB of weights outside the layers (tied embedding). `stream_net_MB` = "
-            "peak RSS of the streamed run minus both.\n\n")
+            "peak RSS of the streamed run minus both; `stream_net_without_code_MB` the same with the baseline that "
+            "leaves out the model code (the earlier tables' definition).\n\n")
     (args.out / "compress_memory.md").write_text("# compress memory\n\n" + note + markdown_table(summ, scols)
                                                  + "\n\nAll runs:\n\n" + markdown_table(rows, cols) + "\n")
 

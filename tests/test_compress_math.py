@@ -165,3 +165,35 @@ def test_identity_whitener_is_plain_svd():
     _, w = _xw(seed=4)
     u, s, vh = whitened_svd(w, identity_whitener(w.shape[1]))
     torch.testing.assert_close(s, torch.linalg.svdvals(w))
+
+
+def test_whitener_overwrite_is_the_same_factor_and_only_then_reuses_the_input():
+    x, _ = _xw(seed=5, n=12)
+    cov = x.T @ x / x.shape[0]
+    cov[0, 1] += 1e-9                        # not exactly symmetric, as an accumulated Gram need not be
+    kept = cov.clone()
+    plain = whitener_from_covariance(cov, eps=1e-4)
+    assert torch.equal(cov, kept)           # the default never modifies its input
+    inplace = whitener_from_covariance(cov, eps=1e-4, overwrite=True)
+    assert torch.equal(plain.L, inplace.L) and plain.triangular and inplace.triangular
+    assert not torch.equal(cov, kept)       # overwrite: the regularised matrix was built in cov's storage
+
+
+def test_source_whiteners_share_one_factor_per_input_and_match_per_module():
+    from llmtool.compress.factorize import ModuleSpec
+    from llmtool.compress.profile import LayerStatistics
+    from llmtool.compress.streamed import source_whiteners
+
+    names = ["model.layers.0.self_attn.q_proj", "model.layers.0.self_attn.k_proj",
+             "model.layers.0.mlp.gate_proj", "model.layers.0.mlp.down_proj"]
+    stats = LayerStatistics()
+    stats.add("model.layers.0.self_attn.q_proj", torch.randn(40, 6, dtype=torch.float64))
+    stats.add("model.layers.0.mlp.gate_proj", torch.randn(40, 6, dtype=torch.float64))
+    stats.add("model.layers.0.mlp.down_proj", torch.randn(40, 9, dtype=torch.float64))
+    expected = {n: whitener_from_covariance(stats.covariance(n), 1e-4).L for n in names}
+    got = [(spec.name, wh) for spec, wh in source_whiteners(stats, [ModuleSpec(n, 4, 6) for n in names], 1e-4)]
+    assert [n for n, _ in got] == names
+    for n, wh in got:
+        assert torch.equal(wh.L, expected[n])
+    assert got[0][1] is got[1][1]            # q and k read one input: one whitener
+    assert stats.gram == {}                  # every Gram is consumed

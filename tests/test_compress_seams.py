@@ -137,6 +137,21 @@ def test_input_statistics_match_explicit_gram():
     torch.testing.assert_close(s.abs_mean("a"), flat.abs().mean(0))
 
 
+def test_chunked_input_statistics_equal_one_shot_and_stay_in_place():
+    """``chunk_rows``: the same Gram / |x| sums to rounding, accumulated into one tensor (no new Gram per add)."""
+    x = torch.randn(4, 50, 6, dtype=torch.float32)
+    one, chunked = InputStatistics(abs_on=True), InputStatistics(abs_on=True, chunk_rows=7)
+    for part in x.split(3):
+        one.add("a", part)
+    chunked.add("a", x[:1])
+    gram_id = id(chunked.gram["a"])
+    chunked.add("a", x[1:])
+    assert id(chunked.gram["a"]) == gram_id and chunked.gram["a"].dtype == torch.float64
+    assert chunked.count["a"] == one.count["a"] == 200
+    torch.testing.assert_close(chunked.gram["a"], one.gram["a"], rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(chunked.abs_sum["a"], one.abs_sum["a"], rtol=1e-12, atol=1e-12)
+
+
 # ------------------------------------------------------------------------------------------ compress contract
 def _args(model, out, *extra, calib):
     return ["compress", str(model), str(out), "--calib-data", str(calib), "--calib-samples", "4",

@@ -156,3 +156,17 @@ def test_finite_check_in_chunks_sees_every_entry(monkeypatch):
         u = t.clone().reshape(-1)
         u[pos] = bad
         assert not models.all_finite(u.reshape(5, 9)), pos
+        assert not models.all_finite(u.reshape(5, 9).T), pos          # non-contiguous: checked by views
+        assert not models.all_finite(u.reshape(9, 5).T.contiguous().T), pos
+
+
+def test_finite_check_of_a_column_major_matrix_copies_nothing_whole():
+    """A LAPACK-style (column-major) result is checked through views: no transient copy of the whole matrix."""
+    from llmtool.core import models
+
+    t = torch.randn(64, 64).T              # stride (1, 64)
+    seen = []
+    real = torch.isfinite
+    with __import__("unittest").mock.patch.object(torch, "isfinite", lambda x: (seen.append(x.numel()), real(x))[1]):
+        assert models.all_finite(t)
+    assert sum(seen) == t.numel() and max(seen) <= models.FINITE_CHUNK

@@ -53,13 +53,16 @@ class LayerStatistics(InputStatistics):
 
 
 def layer_statistics(model, ids: torch.Tensor, batch_size: int = 4, gram: bool = True,
-                     abs_mean: bool = False, layer_context=None) -> Iterator[LayerStatistics]:
+                     abs_mean: bool = False, layer_context=None, chunk_rows: int | None = None
+                     ) -> Iterator[LayerStatistics]:
     """Yield the input statistics of each decoder layer's target modules, layer by layer (the layer is
-    still loaded while the caller handles its statistics; ``layer_context`` as in ``replay_layers``)."""
+    still loaded while the caller handles its statistics; ``layer_context`` as in ``replay_layers``;
+    ``chunk_rows`` as in :class:`InputStatistics`)."""
     groups = target_names(model)
     for step in replay_layers(model, ids, batch_size, layer_context=layer_context):
         names = groups[step.index]
-        stats = LayerStatistics(gram_on=gram, abs_on=abs_mean, index=step.index, names=tuple(names))
+        stats = LayerStatistics(gram_on=gram, abs_on=abs_mean, chunk_rows=chunk_rows, index=step.index,
+                                names=tuple(names))
         with forward_hooks(model, sorted({statistics_source(n) for n in names}), stats.hook):
             step.forward(keep=True)
         yield stats

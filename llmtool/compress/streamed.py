@@ -11,7 +11,8 @@ factors of every module until the save (about 4x the weights). Here:
 * **Statistics and bases** (pass 1): the calibration batch is replayed layer by layer
   (:func:`profile.layer_statistics`). Uniform-rank methods factorise each module at once and write the
   layer's output shard. Global-selection methods (zs-svd, abs-delta, sigma-global) keep the singular
-  values in memory and write the layer's bases to a scratch file next to the output: ``U [m, k]`` and
+  values in memory and write each module's basis to a scratch file next to the output as soon as its SVD is
+  done (one module's ``[n, n]`` float64 whitening matrices at a time, :func:`source_whiteners`): ``U [m, k]`` and
   ``Q^T = V^T L^{-1} [k, n]``, which give both the factors ``B = U_r diag(sqrt sigma)``,
   ``A = diag(sqrt sigma) Q^T_r`` and the singular-value gradient.
 * **Gradients** (pass 2, zs-svd and abs-delta): the official code's "efficient importance". With
@@ -168,6 +169,15 @@ class LayerStream:
 
         set_module_tensor_to_device(module, name, self.device if value is not None else "meta", value=value)
 
+    def release(self, i: int, module: str) -> None:
+        """Send one module of loaded layer ``i`` (full name) back to ``meta`` before the layer is released: pass 1
+        has the layer's outputs once its forward has run, so a module whose factors or basis are done is not
+        needed again (one module's weight less per module done, next to the largest one's SVD)."""
+        rel = module[len(f"{self.prefix}{i}."):] + "."
+        for name in self.layer_keys[i]:
+            if name.startswith(rel):
+                self._set(self.layers[i], name, None)
+
     @contextmanager
     def layer(self, i: int):
         """Layer ``i`` with its weights loaded (sent back to ``meta`` on exit)."""
@@ -213,11 +223,37 @@ def _basis_dtype(dtype: torch.dtype) -> torch.dtype:
     return torch.float64 if dtype == torch.float64 else torch.float32
 
 
-def whitened_basis(weight: torch.Tensor, cov: torch.Tensor, eps: float):
+def whitened_basis(weight: torch.Tensor, whitener):
     """``(U [m, k], sigma [k], Q^T = V^T L^{-1} [k, n])`` of ``W L = U diag(sigma) V^T`` (float64)."""
-    whitener = whitener_from_covariance(cov, eps)
     u, sigma, vh = whitened_svd(weight, whitener)
     return u, sigma, whitener.unwhiten(vh)
+
+
+def basis_path(scratch: Path, module: str) -> Path:
+    """The scratch file of one module's basis (``u`` and ``qt``): one file per module, written as soon as
+    the module's SVD is done, so at most one module's basis is in memory."""
+    return scratch / f"{module}.safetensors"
+
+
+def source_whiteners(stats, layer_specs: list[ModuleSpec], eps: float):
+    """``(spec, whitener)`` for each module of a layer, in order, with one whitener per statistics source
+    (q/k/v share the attention-norm output, gate/up the MLP-norm output): the same ``L`` as one whitener per
+    module, computed once. A source's Gram matrix is divided in place and dropped from ``stats`` when its
+    whitener is made, and the whitener is dropped after the source's last module, so one source's
+    ``[n, n]`` float64 matrices are alive at a time (at the 1536-wide MLP input: Gram, symmetrised copy and
+    Cholesky factor, 19 MB each)."""
+    from llmtool.compress.profile import statistics_source
+
+    groups: dict[str, list[ModuleSpec]] = {}
+    for spec in layer_specs:
+        groups.setdefault(statistics_source(spec.name), []).append(spec)
+    for source, group in groups.items():
+        cov = stats.gram.pop(source).div_(max(1, stats.count[source]))   # == stats.covariance(), in place
+        whitener = whitener_from_covariance(cov, eps, overwrite=True)
+        del cov
+        for spec in group:
+            yield spec, whitener
+        del whitener
 
 
 def _layer_out(stream: LayerStream, i: int, replaced: dict[str, dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
@@ -242,14 +278,17 @@ def _lowrank_tensors(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None
     return t
 
 
-HEAD_CHUNK = 128
+HEAD_CHUNK = 32
+STATS_CHUNK_ROWS = 256  # rows of a module input upcast to float64 and added to its Gram at a time
+STREAM_BATCH = 1    # calibration sequences per layer forward in pass 1 (the in-memory pipeline: cfg.batch_size);
+                    # a batch of 4 x 512 tokens costs ~4x the attention and MLP temporaries for no change in result
 
 
 def _head_gradient(model, last: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
     """``dL/dh`` of the last layer's output for the mean next-token cross-entropy, computed over
     ``HEAD_CHUNK`` positions at a time (the final norm and the head act per position, so this is exact):
     the ``[T, vocab]`` logits and their gradient never exist at once (at T = 512 and a 49k vocabulary
-    they are 100 MB each)."""
+    they are 100 MB each; at 32 positions, 6.3 MB)."""
     from llmtool.core.arch import final_norm, lm_head
 
     norm, head = final_norm(model), lm_head(model)
@@ -290,7 +329,6 @@ def _gradient_scores(stream: LayerStream, specs: list[list[ModuleSpec]], grad_id
         scores: dict[str, torch.Tensor] = {}
         for i in reversed(range(n_layers)):
             names = [s.name for s in specs[i]]
-            bases = load_file(str(scratch / f"layer{i}.safetensors"))
             with stream.layer(i) as layer:
                 weights = [modules[n].weight for n in names]
                 for w in weights:
@@ -304,10 +342,12 @@ def _gradient_scores(stream: LayerStream, specs: list[list[ModuleSpec]], grad_id
             if i > 0:
                 grad_h, grads = grads[0].detach(), grads[1:]
             for name, g in zip(names, grads):
-                u = bases[f"{name}.u"].to(device=g.device, dtype=torch.float64)
-                qt = bases[f"{name}.qt"].to(device=g.device, dtype=torch.float64)
+                basis = load_file(str(basis_path(scratch, name)))
+                u = basis["u"].to(device=g.device, dtype=torch.float64)
+                qt = basis["qt"].to(device=g.device, dtype=torch.float64)
                 scores[name] = ((u.T @ g.to(torch.float64)) * qt).sum(1).cpu()
-            del grads, bases
+                del basis, u, qt
+            del grads
             inputs[i + 1] = None
         windows.append(scores)
     return windows
@@ -343,8 +383,9 @@ def compress_streamed(src: Path, out_dir: Path, cfg, calib_ids, grad_ids, dtype:
     # pass 1: statistics, then factors (uniform) or bases (global selection), layer by layer
     t0 = time.perf_counter()
     if method.needs_gram or method.needs_abs_mean:
-        per_layer = layer_statistics(model, calib_ids, cfg.batch_size, gram=method.needs_gram,
-                                     abs_mean=method.needs_abs_mean, layer_context=stream.layer)
+        per_layer = layer_statistics(model, calib_ids, STREAM_BATCH, gram=method.needs_gram,
+                                     abs_mean=method.needs_abs_mean, layer_context=stream.layer,
+                                     chunk_rows=STATS_CHUNK_ROWS)
     else:
         def no_stats():
             for i in progress(range(n_layers), "decomposing (layers)"):
@@ -354,22 +395,29 @@ def compress_streamed(src: Path, out_dir: Path, cfg, calib_ids, grad_ids, dtype:
     for i, stats in enumerate(per_layer):
         if method.uniform:
             replaced = {}
-            for spec in specs[i]:
+            pairs = (source_whiteners(stats, specs[i], eps) if method.needs_gram
+                     else ((spec, None) for spec in specs[i]))
+            for spec, whitener in pairs:
                 mod = modules[spec.name]
                 k = _kmax(method, spec, cfg)
-                sp = method.decompose(spec, mod.weight.detach(), stats, None, eps, k)
+                extra_kw = {} if whitener is None else {"whitener": whitener}
+                sp = method.decompose(spec, mod.weight.detach(), stats, None, eps, k, **extra_kw)
+                del whitener
                 a, b = sp.factors(k)
                 ranks[spec.name] = k
                 replaced[spec.name] = _lowrank_tensors(a, b, None if mod.bias is None else mod.bias.detach(), dtype)
+                del sp, a, b
+                stream.release(i, spec.name)
             writer.write(_layer_out(stream, i, replaced))
         else:
-            bases = {}
-            for spec in specs[i]:
-                u, sigma, qt = whitened_basis(modules[spec.name].weight.detach(), stats.covariance(spec.name), eps)
+            for spec, whitener in source_whiteners(stats, specs[i], eps):
+                u, sigma, qt = whitened_basis(modules[spec.name].weight.detach(), whitener)
+                del whitener
+                stream.release(i, spec.name)
                 sigmas[spec.name] = sigma.cpu()
-                bases[f"{spec.name}.u"], bases[f"{spec.name}.qt"] = u.to(bdtype).cpu(), qt.to(bdtype).cpu()
-            save_file({k: v.contiguous() for k, v in bases.items()}, str(scratch / f"layer{i}.safetensors"))
-            del bases
+                save_file({"u": u.to(bdtype).cpu().contiguous(), "qt": qt.to(bdtype).cpu().contiguous()},
+                          str(basis_path(scratch, spec.name)))
+                del u, qt
     seconds["statistics_and_svd"] = time.perf_counter() - t0
 
     sel = None
@@ -395,19 +443,19 @@ def compress_streamed(src: Path, out_dir: Path, cfg, calib_ids, grad_ids, dtype:
         # pass 3: factors at the chosen ranks, layer by layer
         t0 = time.perf_counter()
         for i in progress(range(n_layers), "writing (layers)"):
-            bases = load_file(str(scratch / f"layer{i}.safetensors"))
             replaced = {}
             for spec in specs[i]:
                 if spec.name not in ranks:
                     continue
                 # B = U_r diag(sqrt sigma), A = diag(sqrt sigma) Q^T_r (Q^T is already V^T L^{-1})
-                a, b = split_factors(bases[f"{spec.name}.u"].double(), sigmas[spec.name].double(),
-                                     bases[f"{spec.name}.qt"].double(), ranks[spec.name])
+                basis = load_file(str(basis_path(scratch, spec.name)))
+                a, b = split_factors(basis["u"].double(), sigmas[spec.name].double(), basis["qt"].double(),
+                                     ranks[spec.name])
+                del basis
                 bias_key = f"{spec.name}.bias"
                 bias = stream.read(bias_key) if spec.has_bias else None
                 replaced[spec.name] = _lowrank_tensors(a, b, bias, dtype)
             writer.write(_layer_out(stream, i, replaced))
-            del bases
         seconds["writing"] = time.perf_counter() - t0
     shutil.rmtree(scratch)
     state = model.state_dict()          # the resident non-layer weights (re-reading them would hold a second copy)

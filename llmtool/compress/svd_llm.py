@@ -23,8 +23,12 @@ class WhitenedSVD:
     uniform = True
     rule = None
 
-    def decompose(self, spec: ModuleSpec, weight: torch.Tensor, stats, grad, eps: float, kmax: int) -> Spectrum:
-        whitener = whitener_from_covariance(stats.covariance(spec.name), eps)
+    def decompose(self, spec: ModuleSpec, weight: torch.Tensor, stats, grad, eps: float, kmax: int,
+                  whitener=None) -> Spectrum:
+        """``whitener``: the module's input whitener when the caller already has it (shared by the modules
+        that read one input; the layer-streamed path), else made from ``stats``."""
+        if whitener is None:
+            whitener = whitener_from_covariance(stats.covariance(spec.name), eps)
         u, sigma, vh = whitened_svd(weight, whitener)
         a, b = split_factors(u, sigma, vh, kmax, right=whitener)
         return Spectrum(spec, sigma, None, b, a)

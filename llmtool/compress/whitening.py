@@ -18,6 +18,8 @@ from dataclasses import dataclass
 
 import torch
 
+from llmtool.core.models import all_finite
+
 
 @dataclass
 class Whitener:
@@ -50,14 +52,23 @@ def identity_whitener(n: int, device=None) -> Whitener:
     return Whitener(torch.eye(n, dtype=torch.float64, device=device), True)
 
 
-def whitener_from_covariance(cov: torch.Tensor, eps: float = 1e-4) -> Whitener:
-    """Cholesky factor of the regularised covariance, with the eigen fallback."""
+def whitener_from_covariance(cov: torch.Tensor, eps: float = 1e-4, overwrite: bool = False) -> Whitener:
+    """Cholesky factor of the regularised covariance, with the eigen fallback.
+
+    ``overwrite=True`` (a float64 ``cov`` the caller no longer needs): the regularised matrix is built in
+    ``cov``'s own storage, so one ``[n, n]`` matrix fewer is alive while the factor is computed (the
+    layer-streamed compression's memory bound); the factor is the same to the bit."""
     c = cov.to(torch.float64)
-    c = (c + c.T) / 2
-    c = torch.where(torch.isfinite(c), c, torch.zeros((), dtype=c.dtype, device=c.device))
-    c = c + eps * torch.eye(c.shape[0], dtype=c.dtype, device=c.device)
+    if overwrite and c is cov:
+        c.add_(c.T.clone())     # symmetrise in place (the transposed view aliases ``c``: add a copy of it)
+    else:
+        c = c + c.T             # ``cov`` is never modified; every later step is in place
+    c.mul_(0.5)                 # == / 2 exactly (a power-of-two scaling)
+    torch.nan_to_num_(c, nan=0.0, posinf=0.0, neginf=0.0)   # == where(isfinite(c), c, 0) without isfinite's
+                                                             # [n, n] float temporaries (|c| is one)
+    c.diagonal().add_(eps)
     L, info = torch.linalg.cholesky_ex(c)
-    if int(info) == 0 and bool(torch.isfinite(L).all()):
+    if int(info) == 0 and all_finite(L):      # chunked: no [n, n] temporaries next to L and c
         return Whitener(L, True)
     evals, evecs = torch.linalg.eigh(c)
     return Whitener(evecs * evals.clamp_min(eps).sqrt()[None, :], False)

@@ -104,7 +104,9 @@ def replay_layers(model, ids: torch.Tensor, batch_size: int | None = None, desc:
 class InputStatistics:
     """Per-name ``X^T X`` / ``sum |x|`` / row counts of 2-D-flattened inputs ``x [..., n]``.
 
-    ``device``: where the statistics live (None: the input's device)."""
+    ``device``: where the statistics live (None: the input's device). ``chunk_rows``: None adds each input
+    in one piece (the default); a row count accumulates in place over chunks of that many rows (the
+    layer-streamed compression, whose memory bound this sets)."""
 
     gram_on: bool = True
     abs_on: bool = False
@@ -113,9 +115,13 @@ class InputStatistics:
     gram: dict[str, torch.Tensor] = field(default_factory=dict)
     abs_sum: dict[str, torch.Tensor] = field(default_factory=dict)
     count: dict[str, int] = field(default_factory=dict)
+    chunk_rows: int | None = None
 
     def add(self, name: str, x: torch.Tensor) -> None:
         x = x.detach().reshape(-1, x.shape[-1])
+        if self.chunk_rows is not None:
+            self._add_chunked(name, x)
+            return
         x = x.to(self.device, self.dtype) if self.device is not None else x.to(self.dtype)
         if self.gram_on:
             g = x.T @ x
@@ -123,6 +129,25 @@ class InputStatistics:
         if self.abs_on:
             a = x.abs().sum(0)
             self.abs_sum[name] = self.abs_sum[name] + a if name in self.abs_sum else a
+        self.count[name] = self.count.get(name, 0) + x.shape[0]
+
+    def _add_chunked(self, name: str, x: torch.Tensor) -> None:
+        """``chunk_rows`` rows at a time: the upcast copy is one chunk, not the whole batch, and ``X^T X`` is
+        accumulated in place (``addmm_``) instead of through a second Gram-sized temporary (at a 1536-wide
+        MLP input and 1024 tokens: 12.6 MB + 18.9 MB less per call in float64). Equal to the one-shot sums to
+        rounding (the summation order differs)."""
+        n = x.shape[-1]
+        device = self.device if self.device is not None else x.device
+        if self.gram_on and name not in self.gram:
+            self.gram[name] = torch.zeros(n, n, dtype=self.dtype, device=device)
+        if self.abs_on and name not in self.abs_sum:
+            self.abs_sum[name] = torch.zeros(n, dtype=self.dtype, device=device)
+        for part in x.split(self.chunk_rows):
+            part = part.to(device, self.dtype)
+            if self.gram_on:
+                self.gram[name].addmm_(part.T, part)
+            if self.abs_on:
+                self.abs_sum[name].add_(part.abs().sum(0))
         self.count[name] = self.count.get(name, 0) + x.shape[0]
 
     def hook(self, name: str, module, inputs: tuple, output) -> None:
