@@ -598,6 +598,26 @@ def test_cli_uh_run_hf_agent_and_entropy(tmp_path):
     assert code == 2
 
 
+def test_cli_uh_runs_are_independent_samples(tmp_path):
+    """Each run samples with its own seed (--seed + i): before, every run of a model that never reached the
+    environment's seed replayed the same turns, so N runs were one sample. Same --seed: same runs."""
+    from conftest import save_tiny
+
+    model = save_tiny(tmp_path / "tiny-long", max_position_embeddings=8192)
+
+    def replies(out):
+        code, _, err = run_cli("bench-agent", "uh-run", f"hf:{model}", out, "--env", "seq", "--steps", "1",
+                               "--runs", "2", "--context", "crnr", "--window", "3", "--max-new-tokens", "6",
+                               "--temperature", "1.0", "--json")
+        assert code == 0, err
+        return [[json.loads(line).get("content") for line in (out / f"run-{i:03d}" / "trajectory.jsonl").read_text()
+                 .splitlines() if json.loads(line).get("role") == "assistant"] for i in range(2)]
+
+    a = replies(tmp_path / "a")
+    assert a[0] != a[1]
+    assert replies(tmp_path / "b") == a
+
+
 class _JudgeStub(BaseHTTPRequestHandler):
     replies: list = []
 

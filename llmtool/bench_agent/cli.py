@@ -57,6 +57,15 @@ def _agent(uri: str, *, max_new_tokens: int, temperature: float, protocol: str =
     return agent, None
 
 
+def run_agents(agent, runs: int) -> list:
+    """One agent per independent run. An endpoint agent (stateless, runs in parallel) is copied; an in-process
+    model's agent is shared (its weights and KV cache; ``uh-run`` runs it one run at a time). Each run sets
+    its agent's sampling seed to the run's seed when it starts (see ``uh_run_cmd``)."""
+    import copy
+
+    return [copy.copy(agent) if getattr(agent, "concurrent", False) else agent for _ in range(runs)]
+
+
 def _preflight(uri: str, out: Path, inputs=(), overwrite: bool = False) -> None:
     """core.preflight before torch is imported: an hf: agent's model is a sane causal-LM checkpoint or a default
     alias, the input files exist, OUT is writable."""
@@ -380,7 +389,7 @@ def uh_run_cmd(
         if model_path is not None:
             agent.stop = ("</tool_call>",)
         agent.uri = model
-        agents = [agent] * runs
+        agents = run_agents(agent, runs)
     part = _open_partial(out, overwrite, restart, config)
     from llmtool.core.job import apply_threads
 
@@ -400,6 +409,11 @@ def uh_run_cmd(
         def one(i):
             d = part / f"run-{i:03d}"
             shutil.rmtree(d, ignore_errors=True)
+            if not model.startswith("script:"):
+                # the run's seed drives the agent's sampling as well as the environment: with one sampling seed
+                # for every run, a model whose context never receives the environment's seed (no valid tool
+                # call yet) replays the same turns in every run, and N runs are one sample
+                agents[i].seed = seeds[i]
             ev = run_uh(env, agents[i], d, difficulty=difficulty, steps=steps, seed=seeds[i], free=free,
                         policy=context, window=window, judge=judge_ep)
             evals[i] = ev
