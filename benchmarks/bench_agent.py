@@ -161,7 +161,6 @@ def _uh_model_run(job: tuple) -> dict:
     from llmtool.bench_agent.uhrun import run_uh
 
     env_name, steps, seed, policy, window, out = job
-    _UH_AGENT.seed = seed      # the run's seed drives the agent's sampling too (runs are independent samples)
     return run_uh(env_name, _UH_AGENT, Path(out), steps=steps, seed=seed, policy=policy, window=window)
 
 

@@ -59,8 +59,8 @@ def _agent(uri: str, *, max_new_tokens: int, temperature: float, protocol: str =
 
 def run_agents(agent, runs: int) -> list:
     """One agent per independent run. An endpoint agent (stateless, runs in parallel) is copied; an in-process
-    model's agent is shared (its weights and KV cache; ``uh-run`` runs it one run at a time). Each run sets
-    its agent's sampling seed to the run's seed when it starts (see ``uh_run_cmd``)."""
+    model's agent is shared (its weights and KV cache; ``uh-run`` runs it one run at a time). ``run_uh`` sets
+    the agent's sampling seed to the run's seed when the run starts."""
     import copy
 
     return [copy.copy(agent) if getattr(agent, "concurrent", False) else agent for _ in range(runs)]
@@ -409,11 +409,6 @@ def uh_run_cmd(
         def one(i):
             d = part / f"run-{i:03d}"
             shutil.rmtree(d, ignore_errors=True)
-            if not model.startswith("script:"):
-                # the run's seed drives the agent's sampling as well as the environment: with one sampling seed
-                # for every run, a model whose context never receives the environment's seed (no valid tool
-                # call yet) replays the same turns in every run, and N runs are one sample
-                agents[i].seed = seeds[i]
             ev = run_uh(env, agents[i], d, difficulty=difficulty, steps=steps, seed=seeds[i], free=free,
                         policy=context, window=window, judge=judge_ep)
             evals[i] = ev

@@ -121,8 +121,15 @@ def _python(code: str) -> str:
 def run_uh(env_name: str, agent, out_dir: Path, *, difficulty: str = "hard", steps: int = 50, seed: int = 0,
            free: bool = False, policy: str = "crnr", window: int = 200, judge=None) -> dict:
     """One run into ``out_dir`` (trajectory.jsonl, notes.txt, commit.txt, eval_output.json,
-    env_truth.json); returns eval_output. ``judge``: None = rule judge, else an OpenAIEndpoint."""
+    env_truth.json); returns eval_output. ``judge``: None = rule judge, else an OpenAIEndpoint.
+
+    An agent with a sampling ``seed`` (hf:, openai:) samples this run with ``seed``, as the environment does:
+    with one sampling seed for every run, a model whose context never receives the environment's seed (no valid
+    tool call yet) replays the same turns, and N runs are one sample. Runs in parallel need one agent each."""
     from llmtool.bench_agent.agents import ContextOverflow
+
+    if hasattr(agent, "seed"):
+        agent.seed = seed
 
     env = make_uh_env(env_name, difficulty=difficulty, steps=steps, seed=seed, free=free)
     ctx = UHCtx(env)

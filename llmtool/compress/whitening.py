@@ -18,8 +18,6 @@ from dataclasses import dataclass
 
 import torch
 
-from llmtool.core.models import all_finite
-
 
 @dataclass
 class Whitener:
@@ -58,6 +56,8 @@ def whitener_from_covariance(cov: torch.Tensor, eps: float = 1e-4, overwrite: bo
     ``overwrite=True`` (a float64 ``cov`` the caller no longer needs): the regularised matrix is built in
     ``cov``'s own storage, so one ``[n, n]`` matrix fewer is alive while the factor is computed (the
     layer-streamed compression's memory bound); the factor is the same to the bit."""
+    from llmtool.core.models import all_finite    # (core.models imports transformers: not at import time)
+
     c = cov.to(torch.float64)
     if overwrite and c is cov:
         c.add_(c.T.clone())     # symmetrise in place (the transposed view aliases ``c``: add a copy of it)

@@ -115,7 +115,8 @@ try:
             tuned = not interpreting()
         bucket = _m_bucket(M)
         y = torch.empty(M, N, dtype=torch.float32, device=x_codes.device)
-        # the int32 split-K accumulator (zeroed) only where a split-K config can be picked; else a placeholder
+        # the int32 split-K accumulator (zeroed) only where a split-K config can be picked; otherwise a 1-element
+        # tensor for the pointer argument, which the kernel dereferences only when SPLIT_K > 1
         acc_shape = (M, N) if tuned and bucket <= SPLIT_K_MAX_BUCKET else (1,)
         acc = torch.zeros(acc_shape, dtype=torch.int32, device=x_codes.device)
         xs = x_scale.float().reshape(-1).contiguous()
