@@ -343,6 +343,8 @@ ARG_CASES = {
     "keystone-k-negative": (["edit", "keystone", "ablate", "{model}", "--neurons", "{empty}", "--k", "-5"], "--k -5"),
     "metrics-string-score": (["evade", "metrics", "{strscore}", "{okscore}"], "'score' must be a finite number"),
     "metrics-nan-score": (["evade", "metrics", "{okscore}", "{nanscore}"], "'score' must be a finite number"),
+    "quality-nli-model-is-a-causal-lm": (["evade", "quality", "{okscore}", "--nli-model", "{model}"],
+                                         "not an NLI classifier"),
 }
 
 
