@@ -346,3 +346,50 @@ def test_benchmark_subset_adagc_absorbs_a_garbage_fault_better_than_global(tmp_p
     cell = {(c["arm"], c["fault"]): c for c in res["analysis"]["cells"]}
     assert cell[("adagc", "garbage")]["excess_mean"][0] < cell[("global", "garbage")]["excess_mean"][0]
     assert (tmp_path / "adagc.md").is_file() and (tmp_path / "adagc.png").is_file()
+
+
+def _bench_module():
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / "train_adagc.py"
+    spec = importlib.util.spec_from_file_location("train_adagc_bench_fast", path)
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    return bench
+
+
+def test_benchmark_forked_faulted_runs_equal_runs_from_scratch_and_are_kept_in_the_runs_file(tmp_path):
+    """The benchmark forks each faulted run from its clean run's checkpoint after the update before the fault; that must give
+    the same curves, scores and validation loss as training the faulted run from scratch, and every finished
+    run must land in the runs file, from which an extended benchmark reuses it."""
+    bench = _bench_module()
+    g = torch.Generator().manual_seed(0)
+    blocks = [{"input_ids": torch.randint(0, 50, (16,), generator=g).tolist()} for _ in range(40)]
+    data = {"train": blocks[:32], "val": blocks[32:], "vocab": 50, "eos": 0}
+    jargs = {"steps": 12, "batch_size": 2, "max_length": 16, "layers": 1, "d_model": 32, "heads": 2, "lr": 3e-3,
+             "lion_lr": 3e-4, "adam_beta2": 0.999, "adam_epsilon": 1e-12, "weight_decay": 0.1, "adagc_warmup": 3,
+             "grad_tensor": "model.layers.0.self_attn.v_proj.weight", "grad_scale": 1e3, "grad_steps": 2,
+             "garbage_steps": 2, "lr_factor": 30.0, "lr_steps": 2, "spike_window": 4, "spike_sigma": 3.0,
+             "fault_step": 6}
+
+    def jobs():
+        return [{"args": jargs, "data": data, "threads": 1, "optimizer": "adamw", "arm": arm, "fault": f, "seed": 0}
+                for arm in ("adagc", "global") for f in ("clean", "grad", "garbage", "lr")]
+
+    runs_file = tmp_path / "runs.jsonl"
+    forked = bench.run_jobs(jobs(), 1, lambda m: None, runs_path=runs_file, protocol={"p": 1}, fork=True,
+                            work_dir=tmp_path / "work")
+    scratch = bench.run_jobs(jobs(), 1, lambda m: None, fork=False)
+    assert sum(r["forked_at"] == 5 for r in forked) == 6 and not any(r["forked_at"] for r in scratch)
+    by = {bench.run_key(r): r for r in scratch}
+    for r in forked:
+        s = by[bench.run_key(r)]
+        assert len(r["loss"]) == 12
+        for k in ("loss", "grad_norm", "clip_fraction", "val_loss", "loss_spike_score", "grad_norm_spike_score",
+                  "clip_fraction_steady", "final_train_loss"):
+            assert r[k] == s[k], (bench.run_key(r), k)
+    assert not any((tmp_path / "work").iterdir())          # fork checkpoints removed once used
+    kept = bench.load_runs(runs_file, {"p": 1})
+    assert set(kept) == set(by) and bench.load_runs(runs_file, {"p": 2}) == {}
+    assert kept[("adamw", "adagc", "grad", 0)]["loss"] == by[("adamw", "adagc", "grad", 0)]["loss"]

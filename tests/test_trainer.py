@@ -63,8 +63,11 @@ def test_resume_restores_clipper_state_exactly(tok, tmp_path):
     resumed = LlamaForCausalLM.from_pretrained(ck).train()
     r_res = train_with_clipper(resumed, tok, rows, args(), cfg, out_dir=tmp_path / "b", resume=str(ck))
     assert r_res["clipper_step"] == 6
-    assert [r["step"] for r in r_res["records"]] == [4, 5, 6]
-    for a, b in zip(r_full["records"][3:], r_res["records"]):
+    # the records before the checkpoint come back from it, so the summary covers the whole run
+    assert [r["step"] for r in r_res["records"]] == [1, 2, 3, 4, 5, 6]
+    assert r_res["records"][:3] == r_full["records"][:3]
+    assert r_res["clip_fraction_mean"] == pytest.approx(r_full["clip_fraction_mean"], rel=1e-6)
+    for a, b in zip(r_full["records"][3:], r_res["records"][3:]):
         assert a["loss"] == pytest.approx(b["loss"], rel=1e-5)
         assert a["clip_factor_min"] == pytest.approx(b["clip_factor_min"], rel=1e-5)
     for (n, a), (_, b) in zip(full.named_parameters(), resumed.named_parameters()):
@@ -106,6 +109,31 @@ def test_cli_pretrain_adagc(tiny_llama_dir, tmp_path):
     assert rep["clip"]["adagc_preset"] == "preprint" and rep["steps"] == 6 and rep["val_loss"] > 0
     assert (out / "model" / "model.safetensors").is_file()
     assert (out / "checkpoints" / "checkpoint-3" / "clipper_state.json").is_file()
+
+
+def test_cli_pretrain_resume_from_another_run_equals_the_uninterrupted_run(tiny_llama_dir, tmp_path):
+    """`--resume OTHER_RUN/checkpoints/checkpoint-N` into a new output directory: the clipper state is read from
+    that checkpoint (not from the new run's empty checkpoint folder) and the metrics and summary cover every
+    update, equal to the run that was never interrupted."""
+    corpus = tmp_path / "c.txt"
+    corpus.write_text((TINY_TEXT + "\n\n") * 6)
+    common = ("--data", corpus, "--tokenizer", tiny_llama_dir, "--layers", "1", "--d-model", "32", "--heads", "2",
+              "--steps", "6", "--batch-size", "2", "--max-length", "32", "--val-blocks", "2", "--clip", "adagc",
+              "--adagc-warmup", "2", "--spike-window", "2")
+    code, _, err = run_cli("--json", "train", "pretrain", tmp_path / "a", *common, "--save-steps", "3")
+    assert code == 0, err
+    code, _, err = run_cli("--json", "train", "pretrain", tmp_path / "b", *common, "--resume",
+                           tmp_path / "a" / "checkpoints" / "checkpoint-3")
+    assert code == 0, err
+    assert (tmp_path / "a" / "metrics.jsonl").read_text() == (tmp_path / "b" / "metrics.jsonl").read_text()
+    ra, rb = (json.loads((tmp_path / d / "report.json").read_text()) for d in "ab")
+    for k in ("steps", "final_train_loss", "val_loss", "loss_spike_score", "grad_norm_spike_score",
+              "clip_fraction_mean", "clip_fraction_steady", "clipper_step"):
+        assert ra[k] == rb[k], k
+    from safetensors.torch import load_file
+
+    wa, wb = (load_file(tmp_path / d / "model" / "model.safetensors") for d in "ab")
+    assert all(torch.equal(wa[k], wb[k]) for k in wa)
 
 
 @pytest.mark.parametrize("extra,needle", [

@@ -247,6 +247,7 @@ def pack_texts(tokenizer, texts: Sequence[str], block: int, max_blocks: int | No
 
 
 CLIP_STATE_NAME = "clipper_state.json"
+CLIP_RECORDS_NAME = "clip_records.jsonl"   # per-update records up to the checkpoint
 
 
 def _trainer_callback_base():
@@ -265,22 +266,35 @@ class ClipCallback(_trainer_callback_base()):
     record per logged update (use ``logging_steps=1`` for every update) with the Trainer's loss and lr and
     the clip statistics of that update."""
 
-    def __init__(self, clipper, metrics_path: Path | None = None, pre_step=None, post_step=None):
+    def __init__(self, clipper, metrics_path: Path | None = None, pre_step=None, post_step=None,
+                 resume_from: Path | str | None = None):
         self.clipper = clipper
         self.metrics_path = Path(metrics_path) if metrics_path is not None else None
+        self.resume_from = Path(resume_from) if resume_from else None
         self.pre_step, self.post_step = pre_step, post_step
         self.last: dict = {}
         self.records: list[dict] = []
         self._fh = None
 
     def on_train_begin(self, args, state, control, **kw):
+        restored = False
         if state.global_step > 0:  # resumed: the Trainer restored its state before this event
-            path = Path(args.output_dir) / f"checkpoint-{state.global_step}" / CLIP_STATE_NAME
+            ckpt = self.resume_from or Path(args.output_dir) / f"checkpoint-{state.global_step}"
+            path = ckpt / CLIP_STATE_NAME
             if not path.is_file():
-                raise UsageError(f"cannot resume: {path.parent.name} has no {CLIP_STATE_NAME} (clipper state)")
+                raise UsageError(f"cannot resume: {ckpt.name} has no {CLIP_STATE_NAME} (clipper state)")
             self.clipper.load_state_dict(json.loads(path.read_text()))
+            # the records of the updates before the checkpoint, so that spike scores and clip fractions of a
+            # resumed run cover the whole run (checkpoints written before this file existed have none)
+            rec_path = ckpt / CLIP_RECORDS_NAME
+            if rec_path.is_file():
+                self.records = [r for r in (json.loads(x) for x in rec_path.read_text().splitlines() if x.strip())
+                                if r.get("step", 0) <= state.global_step]
+                restored = True
         if self.metrics_path is not None:
-            self._fh = open(self.metrics_path, "a" if state.global_step > 0 else "w")
+            self._fh = open(self.metrics_path, "a" if state.global_step > 0 and not restored else "w")
+            for rec in self.records:
+                self._fh.write(json.dumps(rec) + "\n")
 
     def on_pre_optimizer_step(self, args, state, control, model=None, optimizer=None, **kw):
         step = state.global_step + 1
@@ -308,6 +322,7 @@ class ClipCallback(_trainer_callback_base()):
         ckpt = Path(args.output_dir) / f"checkpoint-{state.global_step}"
         if ckpt.is_dir():
             (ckpt / CLIP_STATE_NAME).write_text(json.dumps(self.clipper.state_dict()))
+            (ckpt / CLIP_RECORDS_NAME).write_text("".join(json.dumps(r) + "\n" for r in self.records))
 
     def on_train_end(self, args, state, control, **kw):
         if self._fh is not None:

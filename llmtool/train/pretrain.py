@@ -186,7 +186,8 @@ def train_with_clipper(model, tokenizer, examples: Sequence[dict], args: TrainAr
     args.logging_steps = 1
     clipper = clip_cfg.build(model.named_parameters())
     pre, post = _fault_hooks(faults, model)
-    cb = ClipCallback(clipper, metrics_path=metrics_path, pre_step=pre, post_step=post)
+    cb = ClipCallback(clipper, metrics_path=metrics_path, pre_step=pre, post_step=post,
+                      resume_from=resume if isinstance(resume, (str, Path)) and resume else None)
     if callable(optimizer):
         opt = optimizer(model, args)
         optimizer = getattr(optimizer, "__name__", type(opt).__name__)
