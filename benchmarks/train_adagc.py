@@ -31,7 +31,8 @@ clip fraction is above 50 % the output says "AdaGC outside its regime" instead o
 Lion (the paper's optimizer-agnostic claim) is run with the same protocol when a maintained Lion
 implementation is installed (``lion-pytorch`` or ``pytorch-optimizer``); otherwise the part is skipped
 with a note. Overhead: step-time ratio AdaGC / GlobalGC over ``--overhead-steps`` (20) fine-tuning steps
-of smollm2-135m (median step time, first two steps dropped) and the clip transform's own time, plus the
+of smollm2-135m, paired (both arms in lockstep on the same batches, alternating which is timed first;
+geometric mean of per-step ratios with a bootstrap interval), the clip transform's own time, and the
 extra optimizer-state bytes.
 
 Compute reduction: the corpus is tokenized with the default tokenizer, but the tiny model's embedding
@@ -408,90 +409,68 @@ def analyse(runs: list[dict], a) -> dict:
 
 # ------------------------------------------------------------------------------------------ overhead
 def overhead(a, log) -> dict:
+    """AdaGC vs GlobalGC step time on the default model, paired: two copies of the model are fine-tuned in
+    lockstep on the same batches, and every step is timed for both, in alternating order (global first on
+    even steps, adagc first on odd ones), so load on a shared machine hits both arms alike. AdaGC's warm-up
+    is 2 updates here so that the adaptive stage is what is timed. The ratio is the geometric mean of the
+    per-step ratios (first two steps dropped) with a bootstrap 95 % interval over steps."""
     import copy
 
+    import numpy as np
     import torch
-    from transformers import TrainerCallback
 
     torch.set_num_threads(a.threads)
+    from llmtool.core.intervals import bootstrap_mean_ci
     from llmtool.core.models import load_model, load_tokenizer
-    from llmtool.core.trainer import TrainArgs, pack_texts
+    from llmtool.core.trainer import pack_texts
     from llmtool.train.clipping import CLIPPERS
-    from llmtool.train.pretrain import corpus_texts, train_with_clipper
+    from llmtool.train.pretrain import corpus_texts
 
     tok = load_tokenizer(a.tokenizer)
     base = load_model(a.tokenizer)
-    n_steps = a.overhead_steps
-    rows = pack_texts(tok, corpus_texts(a.data)[:400], a.overhead_length, max_blocks=n_steps * a.overhead_batch_size + 8)
-
-    class StepTimer(TrainerCallback):
-        def __init__(self):
-            self.times, self._t = [], None
-
-        def on_step_begin(self, *args, **kw):
-            self._t = time.perf_counter()
-
-        def on_step_end(self, *args, **kw):
-            self.times.append(time.perf_counter() - self._t)
-
-    class TimedCfg:
-        """Wraps a clipper config so that the clip transform's own time is measured."""
-
-        def __init__(self, cfg):
-            self.cfg, self.name, self.times, self.built = cfg, cfg.name, [], None
-
-        def as_dict(self):
-            return self.cfg.as_dict()
-
-        def build(self, named):
-            inner, times = self.cfg.build(named), self.times
-
-            class Timed:
-                def clip_(self):
-                    t = time.perf_counter()
-                    s = inner.clip_()
-                    times.append(time.perf_counter() - t)
-                    return s
-
-                def __getattr__(self, k):
-                    return getattr(inner, k)
-
-            self.built = inner
-            return Timed()
-
-    out = {}
-    # interleaved order (g, a, g, a would double the cost): global first, then adagc, then global again for
-    # a drift check on this shared machine
-    for label, name, opts in (("global", "global", {"max_grad_norm": 1.0}), ("adagc", "adagc", {}),
-                              ("global-repeat", "global", {"max_grad_norm": 1.0})):
-        model = copy.deepcopy(base).train()
-        cfg = TimedCfg(CLIPPERS.build(name, **opts))
-        timer = StepTimer()
-        args = TrainArgs(lr=1e-5, max_steps=n_steps, batch_size=a.overhead_batch_size, max_length=a.overhead_length,
-                         lr_scheduler="constant", seed=0, logging_steps=1)
-        res = train_with_clipper(model, tok, rows, args, cfg, callbacks=[timer])
-        steps = timer.times[2:] if len(timer.times) > 4 else timer.times
-        clip = cfg.times[2:] if len(cfg.times) > 4 else cfg.times
-        out[label] = {"median_step_s": statistics.median(steps), "mean_step_s": statistics.fmean(steps),
-                      "median_clip_s": statistics.median(clip), "steps_timed": len(steps),
-                      "state_bytes": res["clipper_state_bytes"], "n_tensors": len(cfg.built.params)}
-        log(f"overhead {label}: median step {out[label]['median_step_s']:.3f}s, clip {out[label]['median_clip_s'] * 1e3:.1f} ms")
-        del model
-    g = min(out["global"]["median_step_s"], out["global-repeat"]["median_step_s"])
-    g_hi = max(out["global"]["median_step_s"], out["global-repeat"]["median_step_s"])
-    ad = out["adagc"]["median_step_s"]
-    n_params = sum(p.numel() for p in base.parameters() if p.requires_grad)
-    n_unique = sum(p.numel() for p in {id(p): p for p in base.parameters() if p.requires_grad}.values())
-    clip_extra = out["adagc"]["median_clip_s"] - min(out["global"]["median_clip_s"], out["global-repeat"]["median_clip_s"])
+    n_steps, bs = a.overhead_steps, a.overhead_batch_size
+    rows = pack_texts(tok, corpus_texts(a.data)[:400], a.overhead_length, max_blocks=n_steps * bs)
+    arms = {"global": CLIPPERS.build("global", max_grad_norm=1.0), "adagc": CLIPPERS.build("adagc", adagc_warmup=2)}
+    models = {k: copy.deepcopy(base).train() for k in arms}
+    del base
+    clippers = {k: cfg.build(models[k].named_parameters()) for k, cfg in arms.items()}
+    opts = {k: torch.optim.AdamW(models[k].parameters(), lr=1e-5) for k in arms}
+    step_t = {k: [] for k in arms}
+    clip_t = {k: [] for k in arms}
+    for i in range(n_steps):
+        ids = torch.tensor([r["input_ids"] for r in rows[(i * bs) % len(rows):][:bs]])
+        for k in (("global", "adagc") if i % 2 == 0 else ("adagc", "global")):
+            m = models[k]
+            t0 = time.perf_counter()
+            m(input_ids=ids, labels=ids).loss.backward()
+            t1 = time.perf_counter()
+            clippers[k].clip_()
+            t2 = time.perf_counter()
+            opts[k].step()
+            opts[k].zero_grad(set_to_none=True)
+            t3 = time.perf_counter()
+            step_t[k].append(t3 - t0)
+            clip_t[k].append(t2 - t1)
+    keep = slice(2, None) if n_steps > 4 else slice(None)
+    g, ad = np.asarray(step_t["global"][keep]), np.asarray(step_t["adagc"][keep])
+    logr = np.log(ad / g)
+    idx = np.random.default_rng(0).integers(0, len(logr), size=(4000, len(logr)))
+    lo, hi = bootstrap_mean_ci(logr, idx)
+    out = {k: {"median_step_s": statistics.median(step_t[k][keep]), "median_clip_s": statistics.median(clip_t[k][keep]),
+               "steps_timed": len(step_t[k][keep]), "state_bytes": clippers[k].state_bytes(),
+               "n_tensors": len(clippers[k].params)} for k in arms}
+    for k in arms:
+        log(f"overhead {k}: median step {out[k]['median_step_s']:.3f}s, clip {out[k]['median_clip_s'] * 1e3:.1f} ms")
+    n_unique = sum(p.numel() for p in {id(p): p for p in models["adagc"].parameters() if p.requires_grad}.values())
     return {
-        "model": a.tokenizer, "steps": n_steps, "batch_size": a.overhead_batch_size, "max_length": a.overhead_length,
-        "threads": a.threads, "runs": out,
-        "step_time_ratio": ad / statistics.fmean([out["global"]["median_step_s"], out["global-repeat"]["median_step_s"]]),
-        "step_time_ratio_range": [ad / g_hi, ad / g],
-        "clip_time_ratio_of_step": clip_extra / out["adagc"]["median_step_s"],
+        "model": a.tokenizer, "steps": n_steps, "batch_size": bs, "max_length": a.overhead_length,
+        "threads": a.threads, "design": "paired lockstep, alternating order", "adagc_warmup": 2, "runs": out,
+        "step_time_ratio": float(np.exp(logr.mean())), "step_time_ratio_ci95": [float(np.exp(lo)), float(np.exp(hi))],
+        "clip_time_ratio_of_step": float((np.median(clip_t["adagc"][keep]) - np.median(clip_t["global"][keep]))
+                                         / out["adagc"]["median_step_s"]),
         "extra_state_bytes": out["adagc"]["state_bytes"] - out["global"]["state_bytes"],
         "adagc_state_bytes": out["adagc"]["state_bytes"], "n_tensors": out["adagc"]["n_tensors"],
-        "adamw_state_bytes": 2 * 4 * n_unique, "parameters": n_params,
+        "adamw_state_bytes": 2 * 4 * n_unique, "parameters": n_unique,
     }
 
 
@@ -563,15 +542,19 @@ def write_md(path: Path, res: dict, a, command: str) -> None:
     o = res.get("overhead")
     if o:
         L += ["## Overhead on the default model", "",
-              f"{o['model']}, {o['steps']} fine-tuning steps each (batch {o['batch_size']} × {o['max_length']} tokens, "
-              f"{o['threads']} thread(s)); median step time over steps 3…{o['steps']}; GlobalGC run before and after AdaGC.", "",
+              f"{o['model']}, {o['steps']} fine-tuning steps (batch {o['batch_size']} × {o['max_length']} tokens, "
+              f"{o['threads']} thread(s)), AdamW; the two arms are trained in lockstep on the same batches and each "
+              f"step is timed for both in alternating order; AdaGC warm-up {o['adagc_warmup']} updates, so its "
+              "adaptive stage is timed. Ratio = geometric mean of per-step ratios (first two steps dropped), "
+              "bootstrap 95 % interval over steps.", "",
               "| quantity | value | goal |", "|---|---|---|",
-              f"| step-time ratio AdaGC / GlobalGC | {o['step_time_ratio']:.3f} (range {o['step_time_ratio_range'][0]:.3f}–"
-              f"{o['step_time_ratio_range'][1]:.3f} against the two GlobalGC runs) | < 1.02 |",
-              f"| median step time GlobalGC / AdaGC | {o['runs']['global']['median_step_s']:.3f} s, "
-              f"{o['runs']['global-repeat']['median_step_s']:.3f} s / {o['runs']['adagc']['median_step_s']:.3f} s | |",
+              f"| step-time ratio AdaGC / GlobalGC | {o['step_time_ratio']:.3f} [{o['step_time_ratio_ci95'][0]:.3f}, "
+              f"{o['step_time_ratio_ci95'][1]:.3f}] | < 1.02 |",
+              f"| median step time GlobalGC / AdaGC | {o['runs']['global']['median_step_s']:.3f} s / "
+              f"{o['runs']['adagc']['median_step_s']:.3f} s | |",
               f"| clip transform time AdaGC / GlobalGC | {1e3 * o['runs']['adagc']['median_clip_s']:.1f} ms / "
-              f"{1e3 * o['runs']['global']['median_clip_s']:.1f} ms ({100 * o['clip_time_ratio_of_step']:.2f} % of a step) | |",
+              f"{1e3 * o['runs']['global']['median_clip_s']:.1f} ms (difference {100 * o['clip_time_ratio_of_step']:+.2f} % "
+              "of a step) | |",
               f"| extra optimizer-state bytes | {o['extra_state_bytes']:,} B ({o['n_tensors']} tensors × 4 B; AdamW state "
               f"{o['adamw_state_bytes'] / 2**20:,.0f} MiB) | one scalar per tensor |", ""]
     if res["notes"]:
