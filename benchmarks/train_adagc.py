@@ -264,23 +264,12 @@ def run_key(r: dict) -> tuple:
     return (r["optimizer"], r["arm"], r["fault"], r["seed"])
 
 
-def load_runs(path: Path, protocol: dict) -> dict:
-    """Runs already in the runs file under the same protocol, by (optimizer, arm, fault, seed)."""
-    done = {}
-    if path.is_file():
-        for line in path.read_text().splitlines():
-            if line.strip():
-                r = json.loads(line)
-                if r.get("protocol") == protocol:
-                    done[run_key(r)] = r
-    return done
-
-
-def run_jobs(jobs: list[dict], workers: int, log, runs_path: Path | None = None, protocol: dict | None = None,
-             fork: bool = True, work_dir: Path | None = None) -> list[dict]:
+def run_jobs(jobs: list[dict], workers: int, log, runlog=None, fork: bool = True,
+             work_dir: Path | None = None) -> list[dict]:
     """Run ``jobs`` on ``workers`` processes. With ``fork``, each faulted run starts from its clean run's
     checkpoint after the update before the fault (same optimizer, arm and seed), so it is queued when that clean run ends.
-    Every finished run is appended to ``runs_path`` at once (an interrupted benchmark keeps its runs)."""
+    Every finished run is appended to ``runlog`` (a :class:`llmtool.core.runlog.RunLog`) at once, so an
+    interrupted benchmark keeps its runs."""
     import shutil
 
     clean_of = {}
@@ -303,9 +292,8 @@ def run_jobs(jobs: list[dict], workers: int, log, runs_path: Path | None = None,
         out.append(r)
         log(f"[{len(out)}/{n}] {_label(j)}: val {r['val_loss']:.4f}, {r['seconds']:.0f}s"
             + (f" (forked after update {r['forked_at']})" if r.get("forked_at") else ""))
-        if runs_path is not None:
-            with open(runs_path, "a") as fh:
-                fh.write(json.dumps({**r, "protocol": protocol}, default=float) + "\n")
+        if runlog is not None:
+            runlog.append(r)
         if j["fault"] == "clean" and j.get("save_dir"):
             ck = Path(j["save_dir"]) / f"checkpoint-{j['args']['fault_step'] - 1}"
             for w in [x for x in waiting if clean_of[run_key(x)] is j]:
@@ -659,15 +647,17 @@ def main(argv=None) -> dict:
     protocol = {**jargs, "data": a.data, "tokenizer": a.tokenizer, "full_vocab": a.full_vocab,
                 "val_blocks": a.val_blocks, "vocab": data["vocab"], "train_blocks": len(data["train"])}
     runs_path = Path(a.runs_file) if a.runs_file else out.with_suffix(".runs.jsonl")
-    done = load_runs(runs_path, protocol)
+    from llmtool.core.runlog import RunLog
+
+    runlog = RunLog(runs_path, protocol, run_key)
+    done = runlog.done()
     reused = [done[run_key(j)] for j in jobs if run_key(j) in done]
     todo = [j for j in jobs if run_key(j) not in done]
     log(f"{len(jobs)} runs: {len(reused)} reused from {runs_path.name}, {len(todo)} to train"
         + (" (faulted runs forked from their clean run)" if a.fork else ""))
     with tempfile.TemporaryDirectory(prefix="adagc-bench-") as work:
-        fresh = run_jobs(todo, a.workers, log, runs_path=runs_path, protocol=protocol, fork=a.fork,
-                         work_dir=Path(work))
-    runs = [{k: v for k, v in r.items() if k != "protocol"} for r in reused] + fresh
+        fresh = run_jobs(todo, a.workers, log, runlog=runlog, fork=a.fork, work_dir=Path(work))
+    runs = reused + fresh
     order = {run_key(j): i for i, j in enumerate(jobs)}
     runs.sort(key=lambda r: order[run_key(r)])
     shown_out = os.path.relpath(a.out)            # no machine-local path in the results

@@ -377,8 +377,10 @@ def test_benchmark_forked_faulted_runs_equal_runs_from_scratch_and_are_kept_in_t
         return [{"args": jargs, "data": data, "threads": 1, "optimizer": "adamw", "arm": arm, "fault": f, "seed": 0}
                 for arm in ("adagc", "global") for f in ("clean", "grad", "garbage", "lr")]
 
+    from llmtool.core.runlog import RunLog
+
     runs_file = tmp_path / "runs.jsonl"
-    forked = bench.run_jobs(jobs(), 1, lambda m: None, runs_path=runs_file, protocol={"p": 1}, fork=True,
+    forked = bench.run_jobs(jobs(), 1, lambda m: None, runlog=RunLog(runs_file, {"p": 1}, bench.run_key), fork=True,
                             work_dir=tmp_path / "work")
     scratch = bench.run_jobs(jobs(), 1, lambda m: None, fork=False)
     assert sum(r["forked_at"] == 5 for r in forked) == 6 and not any(r["forked_at"] for r in scratch)
@@ -390,6 +392,6 @@ def test_benchmark_forked_faulted_runs_equal_runs_from_scratch_and_are_kept_in_t
                   "clip_fraction_steady", "final_train_loss"):
             assert r[k] == s[k], (bench.run_key(r), k)
     assert not any((tmp_path / "work").iterdir())          # fork checkpoints removed once used
-    kept = bench.load_runs(runs_file, {"p": 1})
-    assert set(kept) == set(by) and bench.load_runs(runs_file, {"p": 2}) == {}
+    kept = RunLog(runs_file, {"p": 1}, bench.run_key).done()
+    assert set(kept) == set(by) and RunLog(runs_file, {"p": 2}, bench.run_key).done() == {}
     assert kept[("adamw", "adagc", "grad", 0)]["loss"] == by[("adamw", "adagc", "grad", 0)]["loss"]

@@ -1,0 +1,23 @@
+"""core.runlog: finished runs are kept per protocol; a cut last line or another protocol is never reused."""
+from llmtool.core.runlog import RunLog
+
+
+def key(r):
+    return (r["arm"], r["seed"])
+
+
+def test_runs_are_kept_per_protocol_and_a_cut_line_is_redone(tmp_path):
+    path = tmp_path / "runs.jsonl"
+    log = RunLog(path, {"steps": 10, "lr": 1e-3}, key)
+    assert log.done() == {}
+    log.append({"arm": "a", "seed": 0, "loss": [1.0, 0.5]})
+    RunLog(path, {"steps": 20, "lr": 1e-3}, key).append({"arm": "a", "seed": 0, "loss": [9.0]})
+    log.append({"arm": "b", "seed": 1, "loss": [2.0]})
+    with open(path, "a") as fh:
+        fh.write('{"arm": "c", "seed": 0, "loss": [1')          # a crash mid-write
+    done = RunLog(path, {"lr": 1e-3, "steps": 10}, key).done()  # same protocol, keys in another order
+    assert done == {("a", 0): {"arm": "a", "seed": 0, "loss": [1.0, 0.5]}, ("b", 1): {"arm": "b", "seed": 1, "loss": [2.0]}}
+    assert RunLog(path, {"steps": 20, "lr": 1e-3}, key).done() == {("a", 0): {"arm": "a", "seed": 0, "loss": [9.0]}}
+    assert RunLog(path, {"steps": 10}, key).done() == {}
+    log.append({"arm": "c", "seed": 0, "loss": [3.0]})          # the run redone after the crash is kept whole
+    assert log.done()[("c", 0)] == {"arm": "c", "seed": 0, "loss": [3.0]}
