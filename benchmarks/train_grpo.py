@@ -118,49 +118,139 @@ def _greedy_eval(model, tok, rows, a):
     prompts = [chat_prompt(tok, x["prompt"]) for x in rows]
     outs = generate(model, tok, prompts, max_new_tokens=a.max_new_tokens, temperature=0.0, batch_size=a.gen_batch)
     texts = [o[0].text for o in outs]
-    ok = [rl_data.is_correct(x, t) for x, t in zip(rows, texts)]
+    ok = [bool(rl_data.is_correct(x, t)) for x, t in zip(rows, texts)]
     mk = sum(a.marker.lower() in t.lower() for t in texts)
-    return {"correct": sum(ok), "n": len(ok), "pass@1": sum(ok) / len(ok), "marker_freq": mk / len(texts)}
+    return {"correct": sum(ok), "n": len(ok), "pass@1": sum(ok) / len(ok), "marker_freq": mk / len(texts),
+            "ok": [int(x) for x in ok]}
 
 
-def run_spurious(a) -> dict:
+SPURIOUS_ARMS = {  # arm -> (reward, loss, mini-batch: None = rollouts / --updates, else one update per phase)
+    "ground-truth": ("ground-truth", "clip", None), "random": ("random:0.5", "clip", None),
+    "format": ("format", "clip", None), "incorrect": ("incorrect", "clip", None),
+    "random+ratio-no-clip": ("random:0.5", "ratio", None), "random+pi-no-ratio": ("random:0.5", "pi", None),
+    "random+on-policy": ("random:0.5", "clip", "all"),
+}
+SPURIOUS_PROTOCOL = ("model", "steps", "group_size", "prompts", "updates", "micro_batch", "lr", "max_new_tokens",
+                     "gen_batch", "train_rows", "test_rows", "hard_frac", "marker")
+
+
+def _spurious_job(job: dict) -> dict:
+    """One (arm, seed) run of the spurious-rewards part, or the base model's evaluation (arm "base"), in
+    its own process: the model is loaded here, trained from the base weights and evaluated greedily."""
     import torch
 
     from llmtool.core.models import load_model, load_tokenizer
     from llmtool.train import rl_data
 
+    a = argparse.Namespace(**job["a"])
     torch.set_num_threads(a.threads)
     tok = load_tokenizer(a.model)
     model = load_model(a.model)
-    base = {k: v.clone() for k, v in model.state_dict().items()}
-    train = rl_data.make_arith(a.train_rows, seed=100, hard_frac=a.hard_frac)
     test = rl_data.make_arith(a.test_rows, seed=200, hard_frac=a.hard_frac)
-    before = _greedy_eval(model, tok, test, a)
-    arms = {"ground-truth": ("ground-truth", "clip", None), "random": ("random:0.5", "clip", None),
-            "format": ("format", "clip", None), "incorrect": ("incorrect", "clip", None),
-            "random+ratio-no-clip": ("random:0.5", "ratio", None), "random+pi-no-ratio": ("random:0.5", "pi", None),
-            "random+on-policy": ("random:0.5", "clip", a.prompts * a.group_size)}
-    wanted = [x for x in a.arms.split(",") if x] if a.arms else list(arms)
-    res = {"base": before, "arms": {}, "settings": vars(a).copy()}
+    name, seed = job["arm"], job["seed"]
+    if name == "base":
+        return {"arm": "base", "seed": 0, "eval": _greedy_eval(model, tok, test, a), "seconds": 0.0}
+    train = rl_data.make_arith(a.train_rows, seed=100, hard_frac=a.hard_frac)
+    base = {k: v.clone() for k, v in model.state_dict().items()}
+    reward, loss, mb = SPURIOUS_ARMS[name]
+    m, hist, secs = _train_once(base, model, tok, train, reward, seed, a, loss=loss,
+                                mini_batch=a.prompts * a.group_size if mb == "all" else None)
+    ev = _greedy_eval(m, tok, test, a)
+    firsts = [h for h in hist if h.get("update_in_phase") == 0]
+    return {"arm": name, "seed": seed, "eval": ev, "seconds": secs,
+            "marker_curve": [h.get("marker_freq") for h in firsts],
+            "reward_curve": [h["reward_mean"] for h in firsts],
+            "clip_frac": sum(h["clip_frac"] for h in hist) / len(hist)}
+
+
+def run_spurious(a) -> dict:
+    """Every (arm, seed) run, plus the base evaluation, as a job on ``--workers`` processes (``--threads``
+    each); finished runs go to ``train_grpo.spurious.runs.jsonl`` and are reused by a later command with the
+    same settings, so the protocol can be accumulated over several commands."""
+    import numpy as np
+
+    from llmtool.core.intervals import paired_difference
+    from llmtool.core.runlog import RunLog
+
+    wanted = [x for x in a.arms.split(",") if x] if a.arms else list(SPURIOUS_ARMS)
+    for x in wanted:
+        if x not in SPURIOUS_ARMS:
+            raise SystemExit(f"--arms: unknown spurious arm {x!r} (choose from {', '.join(SPURIOUS_ARMS)})")
+    protocol = {k: getattr(a, k) for k in SPURIOUS_PROTOCOL}
+    log = RunLog(RESULTS / "train_grpo.spurious.runs.jsonl", protocol, lambda r: (r["arm"], r["seed"]))
+    done = log.done()
+    jobs = [{"arm": "base", "seed": 0}] + [{"arm": x, "seed": s} for s in range(a.seeds) for x in wanted]
+    todo = [dict(j, a=vars(a)) for j in jobs if (j["arm"], j["seed"]) not in done]
+    print(f"[spurious] {len(jobs)} runs: {len(jobs) - len(todo)} reused, {len(todo)} to train", flush=True)
+
+    def keep(r):
+        done[(r["arm"], r["seed"])] = r
+        log.append(r)
+        print(f"[spurious] {r['arm']} seed {r['seed']}: pass@1 {r['eval']['pass@1']:.3f} marker "
+              f"{r['eval']['marker_freq']:.2f} ({r['seconds']:.0f} s)", flush=True)
+
+    if a.workers <= 1:
+        for j in todo:
+            keep(_spurious_job(j))
+    else:
+        import multiprocessing as mp
+        from concurrent.futures import ProcessPoolExecutor, as_completed
+
+        with ProcessPoolExecutor(max_workers=a.workers, mp_context=mp.get_context("spawn")) as ex:
+            for f in as_completed([ex.submit(_spurious_job, j) for j in todo]):
+                keep(f.result())
+    before = done[("base", 0)]["eval"]
+    res = {"base": before, "arms": {}, "settings": {**protocol, "seeds": a.seeds},
+           "runs_file": log.path.name}
     for name in wanted:
-        reward, loss, mb = arms[name]
-        per_seed = []
-        for seed in range(a.seeds):
-            m, hist, secs = _train_once(base, model, tok, train, reward, seed, a, loss=loss, mini_batch=mb)
-            ev = _greedy_eval(m, tok, test, a)
-            firsts = [h for h in hist if h.get("update_in_phase") == 0]
-            per_seed.append({"seed": seed, "eval": ev, "seconds": secs,
-                             "marker_curve": [h.get("marker_freq") for h in firsts],
-                             "reward_curve": [h["reward_mean"] for h in firsts],
-                             "clip_frac": sum(h["clip_frac"] for h in hist) / len(hist)})
-            print(f"[spurious] {name} seed {seed}: pass@1 {ev['pass@1']:.3f} marker {ev['marker_freq']:.2f} "
-                  f"({secs:.0f} s)", flush=True)
+        per_seed = [done[(name, s)] for s in range(a.seeds)]
         k = sum(p["eval"]["correct"] for p in per_seed)
         n = sum(p["eval"]["n"] for p in per_seed)
+        # paired with the base model on the same test items, seeds pooled (each seed is a paired replicate)
+        a_only = sum(x and not b for p in per_seed for x, b in zip(p["eval"]["ok"], before["ok"]))
+        b_only = sum(b and not x for p in per_seed for x, b in zip(p["eval"]["ok"], before["ok"]))
+        both = sum(x and b for p in per_seed for x, b in zip(p["eval"]["ok"], before["ok"]))
+        diff, lo, hi = paired_difference(a_only, b_only, both, n)
+        seeds_p = [p["eval"]["pass@1"] for p in per_seed]
         res["arms"][name] = {"per_seed": per_seed, "pass@1": k / n, "wilson95": wilson(k, n),
-                             "delta_vs_base": k / n - before["pass@1"]}
-    model.load_state_dict(base)
+                             "delta_vs_base": diff, "delta_ci95": [lo, hi],
+                             "seed_sd": float(np.std(seeds_p, ddof=1)) if len(seeds_p) > 1 else None}
+    if "ground-truth" in res["arms"]:
+        gt = res["arms"]["ground-truth"]
+        res["signal_gate"] = {"ground-truth - base >= 0.05": gt["delta_vs_base"] >= 0.05,
+                              "delta": gt["delta_vs_base"], "ci95": gt["delta_ci95"]}
+    res["plot"] = plot_spurious(res)
     return res
+
+
+def plot_spurious(s: dict) -> str | None:
+    """Marker frequency and mean reward per phase (mean over seeds), one line per arm."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+        import numpy as np
+    except ImportError:
+        return None
+    fig, axes = plt.subplots(1, 2, figsize=(10, 3.6))
+    for name, v in s["arms"].items():
+        for ax, key in zip(axes, ("marker_curve", "reward_curve")):
+            curves = [p[key] for p in v["per_seed"] if p.get(key)]
+            if curves:
+                n = min(map(len, curves))
+                y = np.nanmean(np.asarray([[np.nan if x is None else x for x in c[:n]] for c in curves], float), axis=0)
+                ax.plot(np.arange(1, n + 1), y, label=name, lw=1.2)
+    axes[0].set_title(f"marker '{s['settings']['marker']}' frequency in rollouts")
+    axes[1].set_title("mean reward of rollouts")
+    for ax in axes:
+        ax.set_xlabel("phase")
+    axes[1].legend(fontsize=7)
+    fig.tight_layout()
+    name = "train_grpo_spurious.png"
+    fig.savefig(RESULTS / name, dpi=110)
+    plt.close(fig)
+    return name
 
 
 def run_diversity(a) -> dict:
@@ -308,15 +398,27 @@ def markdown(res: dict) -> str:
     if "spurious" in res:
         s = res["spurious"]
         rows = [{"arm": "base", "pass@1": round(s["base"]["pass@1"], 3), "95% CI": "",
-                 "Δ vs base": "", "marker (greedy)": round(s["base"]["marker_freq"], 2)}]
+                 "Δ vs base (paired 95% CI)": "", "marker (greedy)": round(s["base"]["marker_freq"], 2)}]
         for k, v in s["arms"].items():
             mk = sum(p["eval"]["marker_freq"] for p in v["per_seed"]) / len(v["per_seed"])
-            rows.append({"arm": k, "pass@1": round(v["pass@1"], 3),
+            ci = v.get("delta_ci95")
+            rows.append({"arm": k, "pass@1": round(v["pass@1"], 3) if v.get("seed_sd") is None
+                         else f"{v['pass@1']:.3f} (seed sd {v['seed_sd']:.3f})",
                          "95% CI": f"[{v['wilson95'][0]:.3f}, {v['wilson95'][1]:.3f}]",
-                         "Δ vs base": round(v["delta_vs_base"], 3), "marker (greedy)": round(mk, 2)})
+                         "Δ vs base (paired 95% CI)": f"{v['delta_vs_base']:+.3f}"
+                         + (f" [{ci[0]:+.3f}, {ci[1]:+.3f}]" if ci else ""),
+                         "marker (greedy)": round(mk, 2)})
         st = s["settings"]
         lines += [f"## Spurious rewards, SmolLM2-135M, arithmetic ({st['seeds']} seeds, {st['steps']} phases, "
                   f"G = {st['group_size']}, {st['prompts']} prompts/phase)", "", markdown_table(rows), ""]
+        if "signal_gate" in s:
+            g = s["signal_gate"]
+            lines += [f"Signal check (ground-truth ≥ base + 5 points in-domain): "
+                      f"{'met' if g['ground-truth - base >= 0.05'] else 'NOT met'} (Δ {100 * g['delta']:+.1f} points, "
+                      f"paired 95% CI [{100 * g['ci95'][0]:+.1f}, {100 * g['ci95'][1]:+.1f}]). Seeds pooled; "
+                      f"per-run records in `benchmarks/results/{s.get('runs_file', '')}`.", ""]
+        if s.get("plot"):
+            lines += [f"Marker frequency and reward per phase: `benchmarks/results/{s['plot']}`.", ""]
     if "diversity" in res:
         d = res["diversity"]
         keys = [k for k in d["base"] if k.startswith("pass@")] + ["distinct_correct", "answer_entropy"]
@@ -379,7 +481,9 @@ def main() -> None:
     p.add_argument("--div-coef", type=float, default=0.1)
     p.add_argument("--marker", default="=")
     p.add_argument("--arms", default="", help="spurious arms to run (default all)")
-    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--threads", type=int, default=2, help="torch threads per process")
+    p.add_argument("--workers", type=int, default=1,
+                   help="spurious part: (arm, seed) runs in parallel processes (e.g. --workers 2 --threads 1)")
     a = p.parse_args()
     RESULTS.mkdir(parents=True, exist_ok=True)
     path = RESULTS / "train_grpo.json"
