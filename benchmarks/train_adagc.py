@@ -226,9 +226,9 @@ def run_one(job: dict) -> dict:
     t0 = time.time()
     with tempfile.TemporaryDirectory(prefix="adagc-fork-") as tmp:
         # a clean run keeps its checkpoint after update F - 1 (the last one before the fault) in save_dir; a
-        # faulted run forked from it
-        # resumes there (model, optimizer, clipper, RNG and data position; the records before it come back
-        # with the checkpoint), so it equals the faulted run trained from scratch at the cost of its tail
+        # faulted run forked from it resumes there (model, optimizer, clipper, RNG and data position; the
+        # records before it come back with the checkpoint), so it equals the faulted run trained from scratch
+        # at the cost of its tail
         res = train_with_clipper(model, _IdTokenizer(data["eos"]), data["train"], args, cfg, optimizer=optimizer,
                                  faults=faults, window=a["spike_window"], sigma=a["spike_sigma"],
                                  out_dir=Path(save_dir) if save_dir else Path(tmp), resume=resume or False)
@@ -267,14 +267,14 @@ def run_key(r: dict) -> tuple:
 def run_jobs(jobs: list[dict], workers: int, log, runlog=None, fork: bool = True,
              work_dir: Path | None = None) -> list[dict]:
     """Run ``jobs`` on ``workers`` processes. With ``fork``, each faulted run starts from its clean run's
-    checkpoint after the update before the fault (same optimizer, arm and seed), so it is queued when that clean run ends.
+    checkpoint after the update before the fault (same optimizer, arm and seed), so it is queued when that
+    clean run ends (a faulted job whose clean run is not among ``jobs`` trains from scratch).
     Every finished run is appended to ``runlog`` (a :class:`llmtool.core.runlog.RunLog`) at once, so an
     interrupted benchmark keeps its runs."""
     import shutil
 
     clean_of = {}
     if fork and work_dir is not None:
-        keys = {run_key(j) for j in jobs}
         for j in jobs:
             if j["fault"] == "clean":
                 deps = [run_key(x) for x in jobs if x["fault"] != "clean" and run_key(x)[:2] == run_key(j)[:2]
@@ -282,7 +282,7 @@ def run_jobs(jobs: list[dict], workers: int, log, runlog=None, fork: bool = True
                 if deps:
                     j["save_dir"] = str(work_dir / "-".join(map(str, run_key(j))))
                     clean_of.update({d: j for d in deps})
-        waiting = [j for j in jobs if run_key(j) in clean_of and run_key(clean_of[run_key(j)]) in keys]
+        waiting = [j for j in jobs if run_key(j) in clean_of]
     else:
         waiting = []
     ready = [j for j in jobs if j not in waiting]
