@@ -6,7 +6,7 @@ export HF_HUB_OFFLINE := 1
 export TOKENIZERS_PARALLELISM := false
 
 .PHONY: setup demo test test-slow bench bench-compress bench-quantize bench-kvcache bench-evaluate bench-evade bench-edit \
-	bench-route bench-select-data bench-train-grpo bench-train-adagc bench-learn-program bench-agent clean
+	bench-route bench-select-data bench-train-grpo bench-train-adagc bench-train-adagc-full bench-learn-program bench-agent clean
 
 setup: $(VENV)/.installed
 
@@ -58,6 +58,9 @@ bench-train-adagc: setup
 	$(PY) benchmarks/train_adagc.py --steps 500 --fault-step 200 --window 200 --seeds 2 --batch-size 4 --optimizers adamw --workers 2
 	$(PY) benchmarks/train_adagc.py --steps 500 --fault-step 200 --window 200 --seeds 1 --batch-size 4 --optimizers lion \
 		--arms none,global,adagc --faults garbage,lr --workers 2 --overhead-steps 0 --out benchmarks/results/train_adagc_lion
+bench-train-adagc-full: setup  # the issue's protocol (~4 h of runs on 2 cores; resumable through the runs file)
+	$(PY) benchmarks/train_adagc.py --steps 3000 --seeds 3 --batch-size 4 --optimizers adamw --workers 2 --threads 1 \
+		--overhead-steps 60 --out benchmarks/results/train_adagc_full
 bench-learn-program: setup
 	$(PY) benchmarks/learn_program.py --threads 2
 bench-agent: setup
