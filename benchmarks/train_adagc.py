@@ -224,14 +224,13 @@ def run_one(job: dict) -> dict:
                      seed=job["seed"], logging_steps=1, save_steps=F - 1 if save_dir else 0)
     optimizer = lion_factory(args.lr, args.weight_decay) if lion else job["optimizer"]
     t0 = time.time()
-    with tempfile.TemporaryDirectory(prefix="adagc-fork-") as tmp:
-        # a clean run keeps its checkpoint after update F - 1 (the last one before the fault) in save_dir; a
-        # faulted run forked from it resumes there (model, optimizer, clipper, RNG and data position; the
-        # records before it come back with the checkpoint), so it equals the faulted run trained from scratch
-        # at the cost of its tail
-        res = train_with_clipper(model, _IdTokenizer(data["eos"]), data["train"], args, cfg, optimizer=optimizer,
-                                 faults=faults, window=a["spike_window"], sigma=a["spike_sigma"],
-                                 out_dir=Path(save_dir) if save_dir else Path(tmp), resume=resume or False)
+    # a clean run keeps its checkpoint after update F - 1 (the last one before the fault) in save_dir; a
+    # faulted run forked from it resumes there (model, optimizer, clipper, RNG and data position; the records
+    # before it come back with the checkpoint), so it equals the faulted run trained from scratch at the cost
+    # of its tail. Without save_dir the shared trainer keeps its checkpoints in a temporary directory.
+    res = train_with_clipper(model, _IdTokenizer(data["eos"]), data["train"], args, cfg, optimizer=optimizer,
+                             faults=faults, window=a["spike_window"], sigma=a["spike_sigma"],
+                             out_dir=Path(save_dir) if save_dir else None, resume=resume or False)
     val = eval_loss(model, data["val"])
     recs = res["records"]
     clipped: dict[str, int] = {}

@@ -136,6 +136,19 @@ def test_cli_pretrain_resume_from_another_run_equals_the_uninterrupted_run(tiny_
     assert all(torch.equal(wa[k], wb[k]) for k in wa)
 
 
+def test_cli_pretrain_resume_with_corrupt_records_is_one_line(tiny_llama_dir, tmp_path):
+    corpus = tmp_path / "c.txt"
+    corpus.write_text((TINY_TEXT + "\n\n") * 6)
+    common = ("--data", corpus, "--tokenizer", tiny_llama_dir, "--layers", "1", "--d-model", "32", "--heads", "2",
+              "--steps", "4", "--batch-size", "2", "--max-length", "32", "--val-blocks", "2", "--clip", "adagc")
+    code, _, err = run_cli("train", "pretrain", tmp_path / "a", *common, "--save-steps", "2")
+    assert code == 0, err
+    ck = tmp_path / "a" / "checkpoints" / "checkpoint-2"
+    (ck / "clip_records.jsonl").write_text('{"step": 1, "loss": 9.0}\n{"step": 2, "lo')
+    code, _, err = run_cli("train", "pretrain", tmp_path / "b", *common, "--resume", ck)
+    assert code == 2 and "clip_records.jsonl:2: malformed JSON" in err and not (tmp_path / "b").exists()
+
+
 @pytest.mark.parametrize("extra,needle", [
     (["--inject-grad-spike", "4:model.embed_tokens.weigh:10"], "close names: model.embed_tokens.weight"),
     (["--inject-grad-spike", "four:x:10"], "STEP"),

@@ -29,6 +29,7 @@ from typing import Any, Sequence
 import torch
 
 from llmtool.core.console import UsageError, info
+from llmtool.core.data import iter_jsonl
 
 
 @dataclass
@@ -288,8 +289,7 @@ class ClipCallback(_trainer_callback_base()):
             # resumed run cover the whole run (checkpoints written before this file existed have none)
             rec_path = ckpt / CLIP_RECORDS_NAME
             if rec_path.is_file():
-                self.records = [r for r in (json.loads(x) for x in rec_path.read_text().splitlines() if x.strip())
-                                if r.get("step", 0) <= state.global_step]
+                self.records = [r for _, r in iter_jsonl(rec_path) if r.get("step", 0) <= state.global_step]
                 restored = True
         if self.metrics_path is not None:
             self._fh = open(self.metrics_path, "a" if state.global_step > 0 and not restored else "w")
