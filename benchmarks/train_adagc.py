@@ -554,6 +554,7 @@ def plot(path: Path, res: dict, a) -> None:
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    import matplotlib.ticker
     import numpy as np
 
     opts = res["optimizers_run"]
@@ -594,6 +595,10 @@ def plot(path: Path, res: dict, a) -> None:
             ax.set_title(f"{opt}: {fault} fault, loss − clean (avg 5)")
             ax.set_xlabel("update")
             ax.set_yscale("symlog", linthresh=0.05)
+            lo_y, hi_y = ax.get_ylim()  # readable ticks: the default symlog ones print 4.33526e-02 on small ranges
+            ax.set_yticks([t for t in (-1, -0.1, -0.05, -0.02, 0, 0.02, 0.05, 0.1, 1, 10) if lo_y <= t <= hi_y])
+            ax.yaxis.set_major_formatter(matplotlib.ticker.FormatStrFormatter("%g"))
+            ax.yaxis.set_minor_locator(matplotlib.ticker.NullLocator())
             ax.legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(path, dpi=110)

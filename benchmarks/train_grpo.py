@@ -12,8 +12,10 @@ independent; results of parts not run are kept from the previous JSON.
 - spurious: SmolLM2-135M on generated arithmetic, same prompts/steps/seeds for ground-truth, random,
   format, incorrect, random + ratio-no-clip, random + −π·Â, random on-policy; test greedy pass@1
   before/after with Wilson intervals and the marker frequency per step.
-- diversity: GRPO vs SetPO (λ = ``--div-coef``) on the sum-two task: pass@k (k = 1..16, n = 16),
-  distinct correct answers per prompt; base model first.
+- diversity: GRPO vs SetPO (λ = ``--div-coef``), GRPO + entropy bonus, clip-higher and DRA-GRPO on the
+  sum-two task, from a warm start that knows the task's format (``--warmup-steps`` SFT steps; the model
+  as given has no reward variance on it): pass@k (k = 1..16, n = 16, T = 0.6, top-p 0.95), distinct
+  correct answers per prompt; the warm start first. Runs go to ``train_grpo.diversity.runs.jsonl``.
 - cost: rollout tokens/s, optimizer steps/s, generation share of step time, SetPO overhead.
 """
 from __future__ import annotations
@@ -89,7 +91,9 @@ def run_bandit(seeds: int) -> dict:
 
 
 # ------------------------------------------------------------------------------------ real-model runs
-def _train_once(base_state, model, tok, rows, reward, seed, a, *, loss="clip", mini_batch=None, shaper=None):
+def _train_once(base_state, model, tok, rows, reward, seed, a, *, loss="clip", mini_batch=None, shaper=None,
+                **extra):
+    """GRPO from ``base_state`` on ``rows``; ``extra`` are further GRPOSettings (entropy_coef, clip_eps_high)."""
     import torch
 
     from llmtool.train.diversity import GRPOShaper
@@ -102,7 +106,7 @@ def _train_once(base_state, model, tok, rows, reward, seed, a, *, loss="clip", m
     s = GRPOSettings(steps=a.steps, group_size=a.group_size, prompts_per_rollout=a.prompts,
                      mini_batch=mini_batch or max(1, n_roll // a.updates), micro_batch=a.micro_batch, lr=a.lr,
                      loss_type=loss, max_new_tokens=a.max_new_tokens, gen_batch_size=a.gen_batch, seed=seed,
-                     marker=a.marker)
+                     marker=a.marker, **extra)
     cfg = parse_reward(reward)
     loop = GRPOTrainerLoop(model, tok, cfg.prepare_rows([dict(r) for r in rows]), s, make_reward_fn(cfg, seed),
                            shaper=shaper or GRPOShaper())
@@ -163,6 +167,20 @@ def _spurious_job(job: dict) -> dict:
             "clip_frac": sum(h["clip_frac"] for h in hist) / len(hist)}
 
 
+def _run_jobs(fn, jobs: list, workers: int, keep) -> None:
+    """``keep(fn(job))`` for every job, in ``workers`` spawned processes when more than one."""
+    if workers <= 1:
+        for j in jobs:
+            keep(fn(j))
+        return
+    import multiprocessing as mp
+    from concurrent.futures import ProcessPoolExecutor, as_completed
+
+    with ProcessPoolExecutor(max_workers=workers, mp_context=mp.get_context("spawn")) as ex:
+        for f in as_completed([ex.submit(fn, j) for j in jobs]):
+            keep(f.result())
+
+
 def run_spurious(a) -> dict:
     """Every (arm, seed) run, plus the base evaluation, as a job on ``--workers`` processes (``--threads``
     each); finished runs go to ``train_grpo.spurious.runs.jsonl`` and are reused by a later command with the
@@ -189,16 +207,7 @@ def run_spurious(a) -> dict:
         print(f"[spurious] {r['arm']} seed {r['seed']}: pass@1 {r['eval']['pass@1']:.3f} marker "
               f"{r['eval']['marker_freq']:.2f} ({r['seconds']:.0f} s)", flush=True)
 
-    if a.workers <= 1:
-        for j in todo:
-            keep(_spurious_job(j))
-    else:
-        import multiprocessing as mp
-        from concurrent.futures import ProcessPoolExecutor, as_completed
-
-        with ProcessPoolExecutor(max_workers=a.workers, mp_context=mp.get_context("spawn")) as ex:
-            for f in as_completed([ex.submit(_spurious_job, j) for j in todo]):
-                keep(f.result())
+    _run_jobs(_spurious_job, todo, a.workers, keep)
     before = done[("base", 0)]["eval"]
     res = {"base": before, "arms": {}, "settings": {**protocol, "seeds": a.seeds},
            "runs_file": log.path.name}
@@ -253,54 +262,143 @@ def plot_spurious(s: dict) -> str | None:
     return name
 
 
-def run_diversity(a) -> dict:
+DIV_ARMS = {  # arm -> (shaper, extra GRPOSettings): GRPO, SetPO and the spec's other diversity baselines (§4)
+    "grpo": ("grpo", {}), "setpo": ("setpo", {}), "entropy": ("grpo", {"entropy_coef": 1e-3}),
+    "clip-higher": ("grpo", {"clip_eps_high": 0.28}), "dra": ("dra", {}),
+}
+DIV_PROTOCOL = ("model", "steps", "group_size", "prompts", "updates", "micro_batch", "lr", "max_new_tokens",
+                "gen_batch", "train_rows", "test_rows", "n_eval", "div_coef", "eval_temperature", "eval_top_p",
+                "warmup_steps", "warmup_lr", "warmup_rows")
+
+
+def warm_start(a) -> tuple[str, str]:
+    """The diversity part's starting policy, and a checksum of its weights.
+
+    SmolLM2-135M solves "write N as a sum of two positive integers" in ≈ 0 % of samples (docs/train-grpo.md),
+    so GRPO gets no reward variance from it. With ``--warmup-steps`` > 0 the default model is first
+    fine-tuned (the shared trainer's SFT) on ``--warmup-rows`` sum-two prompts, each answered by a uniformly
+    drawn correct pair: a policy that knows the format, is right about two thirds of the time and spreads
+    over the correct pairs, the setting RLVR narrows in the SetPO paper. Kept in a cache folder keyed by the
+    warm-up settings, and the checksum goes into the runs' protocol so runs of another warm start never mix."""
+    import hashlib
+    import random
+    import tempfile
+
+    import torch
+
+    if a.warmup_steps <= 0:
+        return a.model, "none"
+    from llmtool.core.lm import chat_prompt
+    from llmtool.core.models import load_model, load_tokenizer
+    from llmtool.core.trainer import TrainArgs, sft
+    from llmtool.train import rl_data
+
+    key = hashlib.sha256(json.dumps([a.model, a.warmup_steps, a.warmup_lr, a.warmup_rows]).encode()).hexdigest()[:12]
+    path = Path(tempfile.gettempdir()) / f"llmtool-bench-grpo-warm-{key}"
+    if not (path / "checksum.txt").is_file():
+        torch.set_num_threads(max(1, a.threads * a.workers))
+        tok, model = load_tokenizer(a.model), load_model(a.model)
+        rng = random.Random(500)
+        rows = []
+        for r in rl_data.make_sum_two(a.warmup_rows, seed=500):  # train rows are seed 300, test rows seed 400
+            x = rng.randint(1, r["n"] - 1)
+            rows.append({"prompt": chat_prompt(tok, r["prompt"]), "completion": f"{x} + {r['n'] - x}"})
+        t = time.time()
+        sft(model, tok, rows, TrainArgs(lr=a.warmup_lr, max_steps=a.warmup_steps, batch_size=8, max_length=128,
+                                        seed=0))
+        print(f"[diversity] warm start: {a.warmup_steps} SFT steps in {time.time() - t:.0f} s", flush=True)
+        tmp = Path(tempfile.mkdtemp(prefix=path.name + ".", dir=path.parent))
+        model.save_pretrained(tmp)
+        tok.save_pretrained(tmp)
+        h = hashlib.sha256()
+        for k, v in sorted(model.state_dict().items()):
+            h.update(k.encode())
+            h.update(v.detach().contiguous().numpy().tobytes())
+        (tmp / "checksum.txt").write_text(h.hexdigest()[:16])
+        if path.exists():
+            import shutil
+
+            shutil.rmtree(path)
+        tmp.rename(path)
+    return str(path), (path / "checksum.txt").read_text().strip()
+
+
+def _diversity_job(job: dict) -> dict:
+    """One (arm, seed) GRPO run on sum-two from the warm start and its pass@k evaluation (arm "base":
+    the warm start itself), in its own process."""
     import torch
 
     from llmtool.core.models import load_model, load_tokenizer
     from llmtool.train import passk, rl_data
-    from llmtool.train.diversity import GRPOShaper, SetPOShaper
+    from llmtool.train.diversity import SHAPERS
 
+    a = argparse.Namespace(**job["a"])
     torch.set_num_threads(a.threads)
-    tok = load_tokenizer(a.model)
-    model = load_model(a.model)
-    base = {k: v.clone() for k, v in model.state_dict().items()}
-    train = rl_data.make_sum_two(a.train_rows, seed=300)
+    tok, model = load_tokenizer(job["start"]), load_model(job["start"])
     test = rl_data.make_sum_two(a.test_rows, seed=400)
-    ks = tuple(k for k in (1, 2, 4, 8, 16) if k <= a.n_eval)
+    ks = [k for k in (1, 2, 4, 8, 16) if k <= a.n_eval]
 
     def ev(m):
-        r = passk.evaluate(m, tok, test, n=a.n_eval, ks=ks, max_new_tokens=a.max_new_tokens,
-                           batch_size=a.gen_batch, seed=1234, greedy=False)
+        r = passk.evaluate(m, tok, test, n=a.n_eval, ks=ks, max_new_tokens=a.max_new_tokens, batch_size=a.gen_batch,
+                           seed=1234, greedy=False, temperature=a.eval_temperature, top_p=a.eval_top_p)
         return {**r["summary"], "per_problem": [[p["correct"], p["distinct_correct"]] for p in r["per_problem"]]}
 
-    t0 = time.time()
-    res = {"settings": {"seeds": a.seeds, "steps": a.steps, "group_size": a.group_size, "prompts": a.prompts,
-                        "updates": a.updates, "lr": a.lr, "max_new_tokens": a.max_new_tokens, "n_eval": a.n_eval,
-                        "train_rows": a.train_rows, "test_rows": a.test_rows, "div_coef": a.div_coef, "ks": list(ks)},
-           "base": ev(model), "arms": {}}
-    print(f"[diversity] base: pass@1 {res['base']['pass@1']:.3f} ({time.time() - t0:.0f}s)", flush=True)
-    for name, shaper in (("grpo", GRPOShaper()), ("setpo", SetPOShaper(div_coef=a.div_coef))):
-        per = []
-        for seed in range(a.seeds):
-            m, hist, secs = _train_once(base, model, tok, train, "ground-truth", seed, a, shaper=shaper)
-            per.append({"seed": seed, **ev(m), "seconds": secs,
-                        "train_reward": [h.get("reward_mean") for h in hist]})
-            print(f"[diversity] {name} seed {seed}: " + ", ".join(f"{k} {v:.3f}" for k, v in per[-1].items()
-                                                                if isinstance(v, float)), flush=True)
+    name, seed = job["arm"], job["seed"]
+    if name == "base":
+        return {"arm": "base", "seed": 0, **ev(model), "seconds": 0.0}
+    shaper_name, extra = DIV_ARMS[name]
+    shaper = SHAPERS.build(shaper_name, **({"div_coef": a.div_coef} if shaper_name == "setpo" else {}))
+    base = {k: v.clone() for k, v in model.state_dict().items()}
+    m, hist, secs = _train_once(base, model, tok, rl_data.make_sum_two(a.train_rows, seed=300), "ground-truth", seed,
+                                a, shaper=shaper, **extra)
+    firsts = [h for h in hist if h.get("update_in_phase") == 0]
+    return {"arm": name, "seed": seed, **ev(m), "seconds": secs,
+            "train_reward": [h.get("reward_mean") for h in firsts]}
+
+
+def run_diversity(a) -> dict:
+    """The warm start's pass@k and diversity, then every (arm, seed) run, as jobs on ``--workers``
+    processes; finished runs go to ``train_grpo.diversity.runs.jsonl`` (reused like the spurious part's)."""
+    from llmtool.core.runlog import RunLog
+
+    wanted = [x for x in a.div_arms.split(",") if x]
+    for x in wanted:
+        if x not in DIV_ARMS:
+            raise SystemExit(f"--div-arms: unknown arm {x!r} (choose from {', '.join(DIV_ARMS)})")
+    if "grpo" not in wanted:
+        wanted.insert(0, "grpo")  # every contrast is against GRPO
+    start, checksum = warm_start(a)
+    ks = [k for k in (1, 2, 4, 8, 16) if k <= a.n_eval]
+    protocol = {**{k: getattr(a, k) for k in DIV_PROTOCOL}, "start_checksum": checksum}
+    log = RunLog(RESULTS / "train_grpo.diversity.runs.jsonl", protocol, lambda r: (r["arm"], r["seed"]))
+    done = log.done()
+    jobs = [{"arm": "base", "seed": 0}] + [{"arm": x, "seed": s} for s in range(a.seeds) for x in wanted]
+    todo = [dict(j, a=vars(a), start=start) for j in jobs if (j["arm"], j["seed"]) not in done]
+    print(f"[diversity] {len(jobs)} runs: {len(jobs) - len(todo)} reused, {len(todo)} to train", flush=True)
+
+    def keep(r):
+        done[(r["arm"], r["seed"])] = r
+        log.append(r)
+        print(f"[diversity] {r['arm']} seed {r['seed']}: pass@1 {r['pass@1']:.3f} pass@{ks[-1]} "
+              f"{r[f'pass@{ks[-1]}']:.3f} distinct {r['distinct_correct']:.2f} ({r['seconds']:.0f} s)", flush=True)
+
+    _run_jobs(_diversity_job, todo, a.workers, keep)
+    res = {"settings": {**protocol, "seeds": a.seeds, "ks": ks}, "base": done[("base", 0)], "arms": {},
+           "runs_file": log.path.name}
+    for name in wanted:
+        per = [done[(name, s)] for s in range(a.seeds)]
         res["arms"][name] = {"per_seed": per, **{k: sum(p[k] for p in per) / len(per) for k in per[0]
                                                  if isinstance(per[0][k], (int, float)) and k != "seed"}}
     res["paired"] = diversity_contrasts(res, ks, a.n_eval)
-    model.load_state_dict(base)
     return res
 
 
 def diversity_contrasts(res: dict, ks, n: int, draws: int = 2000) -> dict:
     """Paired 95 % bootstrap intervals over test problems (each problem's value averaged over seeds) for
-    GRPO − base and SetPO − GRPO: pass@k for every k, and distinct correct answers."""
+    GRPO − base and every other arm − GRPO: pass@k for every k, and distinct correct answers."""
     import numpy as np
 
     from llmtool.core.intervals import bootstrap_mean_ci
-
     from llmtool.train.passk import pass_at_k
 
     def per_problem(entry) -> dict:
@@ -310,12 +408,14 @@ def diversity_contrasts(res: dict, ks, n: int, draws: int = 2000) -> dict:
         out["distinct_correct"] = np.mean([[d for _, d in s["per_problem"]] for s in seeds], axis=0)
         return out
 
-    base, grpo, setpo = per_problem(res["base"]), per_problem(res["arms"]["grpo"]), per_problem(res["arms"]["setpo"])
+    grpo = per_problem(res["arms"]["grpo"])
+    pairs = [("grpo-base", grpo, per_problem(res["base"]))]
+    pairs += [(f"{name}-grpo", per_problem(v), grpo) for name, v in res["arms"].items() if name != "grpo"]
     rng = np.random.default_rng(0)
-    m = len(base["pass@1"])
+    m = len(grpo["pass@1"])
     idx = rng.integers(0, m, size=(draws, m))
     out = {}
-    for name, (x, y) in (("grpo-base", (grpo, base)), ("setpo-grpo", (setpo, grpo))):
+    for name, x, y in pairs:
         out[name] = {}
         for key in x:
             d = np.asarray(x[key]) - np.asarray(y[key])
@@ -425,11 +525,13 @@ def markdown(res: dict) -> str:
         rows = [{"arm": "base", **{k: round(d["base"][k], 3) for k in keys}}]
         rows += [{"arm": n, **{k: round(v[k], 3) for k in keys}} for n, v in d["arms"].items()]
         st = d.get("settings")
-        head = "## Diversity: GRPO vs SetPO (sum-two task)"
+        head = "## Diversity: GRPO vs SetPO and the spec's baselines (sum-two task)"
         if st:
+            start = (f"warm start: {st['warmup_steps']} SFT steps on sum-two" if st.get("warmup_steps")
+                     else "from the model as given")
             head += (f" ({st['seeds']} seed(s), {st['steps']} phases, G = {st['group_size']}, {st['prompts']} "
                      f"prompts/phase, lr {st['lr']}, λ = {st['div_coef']}; {st['test_rows']} test problems × "
-                     f"n = {st['n_eval']} samples)")
+                     f"n = {st['n_eval']} samples at T = {st.get('eval_temperature', 1.0)}; {start})")
         lines += [head, "", markdown_table(rows), ""]
         if "paired" in d:
             prow = []
@@ -438,7 +540,7 @@ def markdown(res: dict) -> str:
                                                   for k, v in dd.items()}})
             lines += ["Paired differences, 95 % bootstrap interval over test problems (seed-averaged per problem):",
                       "", markdown_table(prow), ""]
-            g, sp = d["paired"]["grpo-base"], d["paired"]["setpo-grpo"]
+            g = d["paired"]["grpo-base"]
             kmax = f"pass@{st['ks'][-1]}" if st else "pass@16"
             drop = g[kmax]["hi"] < 0 or g["distinct_correct"]["hi"] < 0
             lines.append(f"- GRPO vs base: {kmax} {g[kmax]['diff']:+.3f}, distinct correct "
@@ -446,11 +548,13 @@ def markdown(res: dict) -> str:
                          ("diversity drops under GRPO (interval below 0), the paper's premise." if drop else
                           "no significant diversity drop under GRPO in this run, so the paper's SetPO-vs-GRPO "
                           "contrast cannot be tested at this size."))
-            p8 = sp.get("pass@8")
-            lines.append("- Directions (reported, not gated): SetPO distinct correct − GRPO "
-                         f"{sp['distinct_correct']['diff']:+.3f} (≥ 0 expected); "
-                         + (f"pass@8 {100 * p8['diff']:+.1f} points (≥ −2 expected); " if p8 else "")
-                         + f"pass@1 {100 * sp['pass@1']['diff']:+.1f} points (within ±3 expected).")
+            sp = d["paired"].get("setpo-grpo")
+            if sp:
+                p8 = sp.get("pass@8")
+                lines.append("- Directions (reported, not gated): SetPO distinct correct − GRPO "
+                             f"{sp['distinct_correct']['diff']:+.3f} (≥ 0 expected); "
+                             + (f"pass@8 {100 * p8['diff']:+.1f} points (≥ −2 expected); " if p8 else "")
+                             + f"pass@1 {100 * sp['pass@1']['diff']:+.1f} points (within ±3 expected).")
             if d.get("plot"):
                 lines.append(f"- pass@k curves: `benchmarks/results/{d['plot']}`.")
             lines.append("")
@@ -479,11 +583,18 @@ def main() -> None:
     p.add_argument("--hard-frac", type=float, default=0.4)
     p.add_argument("--n-eval", type=int, default=16)
     p.add_argument("--div-coef", type=float, default=0.1)
+    p.add_argument("--div-arms", default=",".join(DIV_ARMS), help="diversity arms (grpo is always run)")
+    p.add_argument("--eval-temperature", type=float, default=0.6, help="diversity part's pass@k sampling (spec §5)")
+    p.add_argument("--eval-top-p", type=float, default=0.95)
+    p.add_argument("--warmup-steps", type=int, default=100,
+                   help="diversity part: SFT steps that teach the sum-two format first (0 = start from --model)")
+    p.add_argument("--warmup-lr", type=float, default=1e-4)
+    p.add_argument("--warmup-rows", type=int, default=256)
     p.add_argument("--marker", default="=")
     p.add_argument("--arms", default="", help="spurious arms to run (default all)")
     p.add_argument("--threads", type=int, default=2, help="torch threads per process")
     p.add_argument("--workers", type=int, default=1,
-                   help="spurious part: (arm, seed) runs in parallel processes (e.g. --workers 2 --threads 1)")
+                   help="spurious/diversity parts: (arm, seed) runs in parallel processes (e.g. --workers 2 --threads 1)")
     a = p.parse_args()
     RESULTS.mkdir(parents=True, exist_ok=True)
     path = RESULTS / "train_grpo.json"
