@@ -52,8 +52,13 @@ bench-route: setup
 	$(PY) benchmarks/route.py
 bench-select-data: setup
 	$(PY) benchmarks/select_data.py
-bench-train-grpo: setup
+bench-train-grpo: setup  # bandit ~3 min; spurious ~2 h and diversity ~45 min on 2 cores (resumable runs files)
 	$(PY) benchmarks/train_grpo.py --parts bandit
+	$(PY) benchmarks/train_grpo.py --parts spurious --seeds 3 --steps 12 --group-size 8 --prompts 4 --updates 2 \
+		--lr 1e-5 --max-new-tokens 48 --test-rows 200 --workers 2 --threads 1
+	$(PY) benchmarks/train_grpo.py --parts diversity --seeds 3 --steps 20 --group-size 8 --prompts 4 --updates 2 \
+		--lr 1e-5 --max-new-tokens 16 --test-rows 32 --n-eval 16 --div-arms grpo,setpo --workers 2 --threads 1
+	$(PY) benchmarks/train_grpo.py --parts cost --threads 2
 bench-train-adagc: setup
 	$(PY) benchmarks/train_adagc.py --steps 500 --fault-step 200 --window 200 --seeds 2 --batch-size 4 --optimizers adamw --workers 2
 	$(PY) benchmarks/train_adagc.py --steps 500 --fault-step 200 --window 200 --seeds 1 --batch-size 4 --optimizers lion \
