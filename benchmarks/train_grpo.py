@@ -425,7 +425,8 @@ def diversity_contrasts(res: dict, ks, n: int, draws: int = 2000) -> dict:
 
 
 def plot_diversity(d: dict) -> str | None:
-    """pass@k against k for the base model and each arm (mean over seeds)."""
+    """Left: pass@k against k for the base model and each arm (mean over seeds). Right: distinct correct answers
+    per problem, the quantity pass@k saturates past: bar = mean over seeds, dots = single seeds."""
     try:
         import matplotlib
 
@@ -434,16 +435,24 @@ def plot_diversity(d: dict) -> str | None:
     except ImportError:  # pragma: no cover
         return None
     ks = d["settings"]["ks"]
-    fig, ax = plt.subplots(figsize=(6, 3.8))
-    for name, entry in [("base", d["base"]), *d["arms"].items()]:
+    entries = [("base", d["base"]), *d["arms"].items()]
+    fig, (ax, bx) = plt.subplots(1, 2, figsize=(10, 3.8), gridspec_kw={"width_ratios": [3, 2]})
+    for name, entry in entries:
         ax.plot(ks, [100 * entry[f"pass@{k}"] for k in ks], marker="o", label=name)
     ax.set_xscale("log", base=2)
     ax.set_xticks(ks, [str(k) for k in ks])
     ax.set_xlabel("k")
     ax.set_ylabel("pass@k (%)")
-    st = d["settings"]
-    ax.set_title(f"sum-two, {st['seeds']} seed(s) x {st['steps']} phases, n = {st['n_eval']}")
     ax.legend()
+    for i, (name, entry) in enumerate(entries):
+        bx.bar(i, entry["distinct_correct"], color=f"C{i}", alpha=0.6)
+        seeds = [r["distinct_correct"] for r in entry.get("per_seed", [])]
+        bx.plot([i] * len(seeds), seeds, "k.", ms=6)
+    bx.set_xticks(range(len(entries)), [name for name, _ in entries])
+    bx.set_ylabel("distinct correct answers / problem")
+    st = d["settings"]
+    fig.suptitle(f"sum-two, {st['seeds']} seed(s) x {st['steps']} phases, n = {st['n_eval']} samples at T = "
+                 f"{st.get('eval_temperature', '?')}")
     fig.tight_layout()
     path = RESULTS / "train_grpo_diversity.png"
     fig.savefig(path, dpi=110)
