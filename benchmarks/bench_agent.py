@@ -481,6 +481,8 @@ def _gate(v) -> str:
 
 
 def plot(results: dict) -> None:
+    """One panel per environment with model rows: success rate per interface rewrite for the scripted oracle, the
+    base model and the fine-tuned model, with Wilson 95 % intervals where the run recorded them."""
     try:
         import matplotlib
 
@@ -488,25 +490,32 @@ def plot(results: dict) -> None:
         import matplotlib.pyplot as plt
     except ImportError:  # pragma: no cover
         return
-    series = {}
-    for e, v in results.get("oracle", {}).items():
-        series[f"oracle {e}"] = [v[m]["sr"] for m in MODES]
-    for env_name, r in results["pipe"].items():
-        for tag, key in (("base", "base"), ("fine-tuned", "sft_eval")):
-            if key in r:
-                series[f"{tag} {env_name}"] = [r[key][m]["sr"] for m in MODES]
-    if not series:
+    envs = [e for e, r in results.get("pipe", {}).items() if "base" in r or "sft_eval" in r]
+    if not envs:
         return
-    fig, ax = plt.subplots(figsize=(9, 4))
-    w = 0.8 / len(series)
-    for i, (name, vals) in enumerate(series.items()):
-        ax.bar([j + i * w for j in range(len(MODES))], vals, w, label=name)
-    ax.set_xticks([j + 0.4 - w / 2 for j in range(len(MODES))], MODES)
-    ax.set_ylabel("success rate")
-    ax.set_ylim(0, 1.05)
-    ax.set_title("bench-agent: success rate per interface rewrite")
-    ax.legend(fontsize=7, ncol=2)
-    fig.tight_layout()
+    fig, axes = plt.subplots(1, len(envs), figsize=(4.2 * len(envs), 3.8), sharey=True, squeeze=False)
+    agents = (("oracle", "C2"), ("base", "C7"), ("fine-tuned", "C0"))
+    w = 0.8 / len(agents)
+    for ax, env_name in zip(axes[0], envs):
+        r = results["pipe"][env_name]
+        rows = {"oracle": results.get("oracle", {}).get(env_name), "base": r.get("base"), "fine-tuned": r.get("sft_eval")}
+        for i, (agent, color) in enumerate(agents):
+            cells = rows[agent]
+            if not cells:
+                continue
+            xs = [j + (i - 1) * w for j in range(len(MODES))]
+            srs = [cells[m]["sr"] for m in MODES]
+            err = [[max(0.0, cells[m]["sr"] - cells[m].get("sr_lo", cells[m]["sr"])) for m in MODES],
+                   [max(0.0, cells[m].get("sr_hi", cells[m]["sr"]) - cells[m]["sr"]) for m in MODES]]
+            ax.bar(xs, srs, w, color=color, label=agent, yerr=err, capsize=2, error_kw={"lw": 0.8})
+        ax.set_xticks(range(len(MODES)), MODES, rotation=30, ha="right", fontsize=8)
+        ax.set_title(env_name, fontsize=10)
+        ax.set_ylim(0, 1.08)
+    axes[0][0].set_ylabel("success rate")
+    handles, labels = axes[0][0].get_legend_handles_labels()
+    fig.suptitle("bench-agent: success rate per interface rewrite (bars: Wilson 95 % CI)")
+    fig.tight_layout(rect=(0, 0.07, 1, 1))
+    fig.legend(handles, labels, loc="lower center", ncol=len(labels), fontsize=9, frameon=False)
     fig.savefig(RESULTS / "bench_agent.png", dpi=110)
     plt.close(fig)
 
