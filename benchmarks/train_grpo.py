@@ -271,42 +271,29 @@ DIV_PROTOCOL = ("model", "steps", "group_size", "prompts", "updates", "micro_bat
                 "warmup_steps", "warmup_lr", "warmup_rows")
 
 
-def warm_start(a) -> tuple[str, str]:
-    """The diversity part's starting policy, and a checksum of its weights.
-
-    SmolLM2-135M solves "write N as a sum of two positive integers" in ≈ 0 % of samples (docs/train-grpo.md),
-    so GRPO gets no reward variance from it. With ``--warmup-steps`` > 0 the default model is first
-    fine-tuned (the shared trainer's SFT) on ``--warmup-rows`` sum-two prompts, each answered by a uniformly
-    drawn correct pair: a policy that knows the format, is right about two thirds of the time and spreads
-    over the correct pairs, the setting RLVR narrows in the SetPO paper. Kept in a cache folder keyed by the
-    warm-up settings, and the checksum goes into the runs' protocol so runs of another warm start never mix."""
+def cached_sft(model_name: str, key_parts: list, make_rows, steps: int, lr: float, threads: int, tag: str,
+               max_length: int = 128) -> tuple[str, str]:
+    """Fine-tune ``model_name`` with the shared trainer's SFT on ``make_rows(tok)`` (prompt/completion rows)
+    for ``steps`` steps, once: the result is kept in a temp-dir cache folder keyed by ``key_parts`` and written
+    atomically. Returns (folder, checksum of the weights); the checksum goes into runs' protocols so runs from
+    another warm start never mix."""
     import hashlib
-    import random
     import tempfile
 
     import torch
 
-    if a.warmup_steps <= 0:
-        return a.model, "none"
-    from llmtool.core.lm import chat_prompt
     from llmtool.core.models import load_model, load_tokenizer
     from llmtool.core.trainer import TrainArgs, sft
-    from llmtool.train import rl_data
 
-    key = hashlib.sha256(json.dumps([a.model, a.warmup_steps, a.warmup_lr, a.warmup_rows]).encode()).hexdigest()[:12]
-    path = Path(tempfile.gettempdir()) / f"llmtool-bench-grpo-warm-{key}"
+    key = hashlib.sha256(json.dumps([model_name, *key_parts]).encode()).hexdigest()[:12]
+    path = Path(tempfile.gettempdir()) / f"llmtool-bench-{tag}-warm-{key}"
     if not (path / "checksum.txt").is_file():
-        torch.set_num_threads(max(1, a.threads * a.workers))
-        tok, model = load_tokenizer(a.model), load_model(a.model)
-        rng = random.Random(500)
-        rows = []
-        for r in rl_data.make_sum_two(a.warmup_rows, seed=500):  # train rows are seed 300, test rows seed 400
-            x = rng.randint(1, r["n"] - 1)
-            rows.append({"prompt": chat_prompt(tok, r["prompt"]), "completion": f"{x} + {r['n'] - x}"})
+        torch.set_num_threads(max(1, threads))
+        tok, model = load_tokenizer(model_name), load_model(model_name)
+        rows = make_rows(tok)
         t = time.time()
-        sft(model, tok, rows, TrainArgs(lr=a.warmup_lr, max_steps=a.warmup_steps, batch_size=8, max_length=128,
-                                        seed=0))
-        print(f"[diversity] warm start: {a.warmup_steps} SFT steps in {time.time() - t:.0f} s", flush=True)
+        sft(model, tok, rows, TrainArgs(lr=lr, max_steps=steps, batch_size=8, max_length=max_length, seed=0))
+        print(f"[{tag}] warm start: {steps} SFT steps in {time.time() - t:.0f} s", flush=True)
         tmp = Path(tempfile.mkdtemp(prefix=path.name + ".", dir=path.parent))
         model.save_pretrained(tmp)
         tok.save_pretrained(tmp)
@@ -321,6 +308,33 @@ def warm_start(a) -> tuple[str, str]:
             shutil.rmtree(path)
         tmp.rename(path)
     return str(path), (path / "checksum.txt").read_text().strip()
+
+
+def warm_start(a) -> tuple[str, str]:
+    """The diversity part's starting policy, and a checksum of its weights.
+
+    SmolLM2-135M solves "write N as a sum of two positive integers" in ≈ 0 % of samples (docs/train-grpo.md),
+    so GRPO gets no reward variance from it. With ``--warmup-steps`` > 0 the default model is first
+    fine-tuned (the shared trainer's SFT) on ``--warmup-rows`` sum-two prompts, each answered by a uniformly
+    drawn correct pair: a policy that knows the format, is right about two thirds of the time and spreads
+    over the correct pairs, the setting RLVR narrows in the SetPO paper."""
+    import random
+
+    if a.warmup_steps <= 0:
+        return a.model, "none"
+    from llmtool.core.lm import chat_prompt
+    from llmtool.train import rl_data
+
+    def make_rows(tok):
+        rng = random.Random(500)
+        rows = []
+        for r in rl_data.make_sum_two(a.warmup_rows, seed=500):  # train rows are seed 300, test rows seed 400
+            x = rng.randint(1, r["n"] - 1)
+            rows.append({"prompt": chat_prompt(tok, r["prompt"]), "completion": f"{x} + {r['n'] - x}"})
+        return rows
+
+    return cached_sft(a.model, [a.warmup_steps, a.warmup_lr, a.warmup_rows], make_rows, a.warmup_steps,
+                      a.warmup_lr, a.threads * a.workers, "grpo")
 
 
 def _diversity_job(job: dict) -> dict:

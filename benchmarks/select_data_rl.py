@@ -1,0 +1,331 @@
+"""SHIFT with RL (issue 14): every selector's subset of the reasoning-gym pool trained with GRPO under identical
+settings, several seeds, beside the full pool and the untrained policy.
+
+    .venv/bin/python benchmarks/select_data_rl.py --seeds 3 --workers 2 --threads 1
+
+The pool is the SHIFT part's (``select_data.py``): 7 reasoning-gym generators x ``--pool-per-gen`` prompts with
+their verifiers, the generator name never read by a selector. The policy whose rollouts give the selection
+features is the policy GRPO starts from: the default model, or (``--warmup-steps`` > 0) the default model after
+that many SFT steps on other prompts of the same generators (SmolLM2-135M as shipped solves ~0 % of this pool,
+so GRPO gets no reward variance from it; the warm start is cached like train_grpo.py's). Every selector picks
+``--budget`` prompts (random and kmeans-centres draw with the GRPO seed, so each seed has its own subset); each
+(selector, seed) is one GRPO run of ``--steps`` phases with the same prompts/phase, G, lr and updates as the
+full-pool run, then greedy pass@1 on ``--test-per-gen`` x 7 in-domain prompts (another seed of the same
+generators) and ``--transfer`` gsm_symbolic prompts. Runs are appended to
+``benchmarks/results/select_data_rl.runs.jsonl`` and reused by any later command with the same protocol.
+
+The issue's gate comes first: full-pool GRPO must beat the starting policy by >= 5 points in-domain (paired,
+seeds pooled); when it does not, the report says the selector comparison is uninformative at this scale.
+Writes benchmarks/results/select_data_rl.{json,md,png}.
+"""
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+from select_data import GENERATORS  # noqa: E402
+from train_grpo import _greedy_eval, _run_jobs, _train_once, cached_sft  # noqa: E402
+
+RESULTS = ROOT / "benchmarks" / "results"
+SUFFIX = "\nGive only the final answer on the last line."
+# every setting that changes an arm's result (sc_samples only changes the sc-entropy arm's picks, which are
+# stored in its record; the selector list and the seed count only add runs)
+PROTOCOL = ("model", "pool_per_gen", "budget", "feature_tokens", "steps", "group_size", "prompts",
+            "updates", "micro_batch", "lr", "max_new_tokens", "gen_batch", "test_per_gen", "transfer",
+            "warmup_steps", "warmup_lr", "warmup_per_gen")
+DEFAULT_SELECTORS = ("shift,random,kmeans-centres,kcenter,minilm-coreset,rirs-topk,question-ppl,answer-ppl,"
+                     "entropy,sc-entropy")
+
+
+def pool_rows(per_gen: int) -> list[dict]:
+    """The SHIFT pool as GRPO rows: the same questions as select_data.shift_pool (same generator, size and
+    seed), each with the rl_data verifier fields and its generator (for reporting only)."""
+    from llmtool.train import rl_data
+
+    rows = []
+    for g in GENERATORS:
+        rows += [dict(r, generator=g) for r in rl_data.make_reasoning_gym(g, per_gen, seed=0)]
+    return rows
+
+
+def test_rows(per_gen: int, transfer: int) -> tuple[list[dict], list[dict]]:
+    from llmtool.train import rl_data
+
+    ind = [dict(r, generator=g) for g in GENERATORS for r in rl_data.make_reasoning_gym(g, per_gen, seed=1000)]
+    tr = rl_data.make_reasoning_gym("gsm_symbolic", transfer, seed=1000) if transfer else []
+    return ind, tr
+
+
+def start_policy(a) -> tuple[str, str]:
+    """The default model, or its SFT warm start on ``--warmup-per-gen`` prompts per generator (seed 500, disjoint
+    from the pool's seed 0 and the test's seed 1000), each answered by the generator's reference answer."""
+    if a.warmup_steps <= 0:
+        return a.model, "none"
+    from llmtool.core.lm import chat_prompt
+    from llmtool.train import rl_data
+
+    def make_rows(tok):
+        rows = [r for g in GENERATORS for r in rl_data.make_reasoning_gym(g, a.warmup_per_gen, seed=500)]
+        return [{"prompt": chat_prompt(tok, r["prompt"]), "completion": r["answer"]} for r in rows]
+
+    return cached_sft(a.model, [a.warmup_steps, a.warmup_lr, a.warmup_per_gen, "rg7"], make_rows, a.warmup_steps,
+                      a.warmup_lr, a.threads * a.workers, "shift-rl", max_length=256)
+
+
+def selection_features(a, policy: str, checksum: str) -> dict:
+    """SHIFT's features of the pool from ``policy``'s greedy rollouts (as select_data.bench_shift computes
+    them) plus MiniLM prompt embeddings and, with ``--sc-samples``, self-consistency entropy; cached."""
+    from llmtool.core.models import load_model, load_tokenizer
+    from llmtool.select_data import features as F
+    from llmtool.select_data.corpora import embed_minilm
+
+    key = hashlib.sha256(json.dumps([checksum, policy if checksum == "none" else "", a.pool_per_gen,
+                                     a.feature_tokens, a.sc_samples]).encode()).hexdigest()[:12]
+    path = Path(tempfile.gettempdir()) / f"llmtool-bench-shift-rl-feats-{key}.npz"
+    if path.is_file():
+        return dict(np.load(path))
+    import torch
+
+    torch.set_num_threads(max(1, a.threads * a.workers))
+    prompts = [r["prompt"][: -len(SUFFIX)] for r in pool_rows(a.pool_per_gen)]  # the raw questions
+    model, tok = load_model(policy), load_tokenizer(policy)
+    t = time.time()
+    feats = F.extract(model, tok, prompts, max_new_tokens=a.feature_tokens, batch_size=8)["features"]
+    feats["minilm"] = embed_minilm(prompts)
+    if a.sc_samples:
+        feats["sc_entropy"] = F.sc_entropy(model, tok, prompts, samples=a.sc_samples,
+                                           max_new_tokens=a.feature_tokens, batch_size=8)
+    print(f"[shift-rl] features of {len(prompts)} prompts in {time.time() - t:.0f} s", flush=True)
+    feats = {k: np.asarray(v) for k, v in feats.items()}
+    tmp = path.with_suffix(".tmp.npz")
+    np.savez(tmp, **feats)
+    tmp.rename(path)
+    return feats
+
+
+def pick(name: str, seed: int, feats: dict, budget: int, n: int) -> list[int]:
+    from llmtool.select_data.methods import SELECTORS, run_selector
+
+    if name == "full":
+        return list(range(n))
+    kw = {"budget": budget}
+    if name in ("random", "kmeans-centres"):
+        kw["select_seed"] = seed
+    return [int(i) for i in run_selector(SELECTORS.build(name, **kw), feats)["picked"]]
+
+
+def _job(job: dict) -> dict:
+    """One (arm, seed): GRPO from the starting policy on the arm's prompts, then greedy pass@1 in-domain and on
+    the transfer set (arm "base": the starting policy itself), in its own process."""
+    import torch
+
+    from llmtool.core.models import load_model, load_tokenizer
+
+    a = argparse.Namespace(**job["a"])
+    torch.set_num_threads(a.threads)
+    tok, model = load_tokenizer(job["policy"]), load_model(job["policy"])
+    pool = pool_rows(a.pool_per_gen)
+    ind, tr = test_rows(a.test_per_gen, a.transfer)
+    t = time.time()
+    hist = []
+    if job["arm"] != "base":
+        rows = [pool[i] for i in job["ids"]]
+        base_state = {k: v.clone() for k, v in model.state_dict().items()}
+        model, hist, _ = _train_once(base_state, model, tok, rows, "ground-truth", job["seed"], a)
+    model.eval()
+    out = {"arm": job["arm"], "seed": job["seed"], "ids": job["ids"],
+           "generators": sorted({pool[i]["generator"] for i in job["ids"]}),
+           "in_domain": _greedy_eval(model, tok, ind, a), "transfer": _greedy_eval(model, tok, tr, a) if tr else None,
+           "train_reward": [float(h["reward_mean"]) for h in hist if "reward_mean" in h],
+           "zero_variance_groups": [float(h["zero_std_groups"]) for h in hist if "zero_std_groups" in h],
+           "seconds": time.time() - t}
+    return out
+
+
+def summarise(done: dict, arms: list[str], seeds: int, draws: int = 2000) -> dict:
+    from llmtool.core.intervals import bootstrap_mean_ci, paired_difference
+
+    base = done[("base", 0)]
+    res = {"base": {"in_domain": base["in_domain"]["pass@1"],
+                    "transfer": base["transfer"]["pass@1"] if base["transfer"] else None}, "arms": {}}
+    n_items = len(base["in_domain"]["ok"])
+    idx = np.random.default_rng(0).integers(0, n_items, size=(draws, n_items))
+    per_item = {}
+    for arm in arms:
+        runs = [done[(arm, s)] for s in range(seeds)]
+        ind = [r["in_domain"]["pass@1"] for r in runs]
+        tr = [r["transfer"]["pass@1"] for r in runs if r["transfer"]]
+        per_item[arm] = np.mean([r["in_domain"]["ok"] for r in runs], axis=0)
+        a_only = sum(x and not b for r in runs for x, b in zip(r["in_domain"]["ok"], base["in_domain"]["ok"]))
+        b_only = sum(b and not x for r in runs for x, b in zip(r["in_domain"]["ok"], base["in_domain"]["ok"]))
+        both = sum(x and b for r in runs for x, b in zip(r["in_domain"]["ok"], base["in_domain"]["ok"]))
+        d, lo, hi = paired_difference(a_only, b_only, both, n_items * len(runs))
+        res["arms"][arm] = {
+            "in_domain": float(np.mean(ind)), "in_domain_sd": float(np.std(ind, ddof=1)) if len(ind) > 1 else None,
+            "transfer": float(np.mean(tr)) if tr else None,
+            "transfer_sd": float(np.std(tr, ddof=1)) if len(tr) > 1 else None,
+            "delta_vs_base": d, "delta_vs_base_ci95": [lo, hi],
+            "generators_covered": float(np.mean([len(r["generators"]) for r in runs])),
+            "per_seed_in_domain": ind, "train_seconds": float(np.mean([r["seconds"] for r in runs]))}
+    if "random" in per_item:
+        for arm in arms:
+            if arm != "random":
+                diff = per_item[arm] - per_item["random"]
+                res["arms"][arm]["minus_random"] = float(diff.mean())
+                res["arms"][arm]["minus_random_ci95"] = list(bootstrap_mean_ci(diff, idx))
+    if "full" in res["arms"]:
+        f = res["arms"]["full"]
+        res["gate"] = {"full - base >= 0.05 in-domain": f["delta_vs_base"] >= 0.05, "delta": f["delta_vs_base"],
+                       "ci95": f["delta_vs_base_ci95"]}
+    return res
+
+
+def plot(res: dict, path: Path) -> str | None:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:  # pragma: no cover
+        return None
+    names = ["base", *res["arms"]]
+    fig, ax = plt.subplots(figsize=(max(6.0, 0.75 * len(names)), 3.8))
+    for i, name in enumerate(names):
+        if name == "base":
+            ax.bar(i, 100 * res["base"]["in_domain"], color="C7")
+            continue
+        e = res["arms"][name]
+        ax.bar(i, 100 * e["in_domain"], color="C1" if name == "shift" else "C0", alpha=0.7)
+        ax.plot([i] * len(e["per_seed_in_domain"]), [100 * x for x in e["per_seed_in_domain"]], "k.", ms=5)
+    ax.set_xticks(range(len(names)), names, rotation=30, ha="right", fontsize=8)
+    ax.set_ylabel("in-domain greedy pass@1 (%)")
+    ax.set_title("GRPO on each selector's subset (dots: seeds)")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path.name
+
+
+def markdown(res: dict, a) -> str:
+    st = res["settings"]
+    lines = ["# SHIFT with RL", "", f"Command: `{res['command']}`", "",
+             f"Pool {7 * st['pool_per_gen']} prompts (7 reasoning-gym generators), budget {st['budget']}; GRPO "
+             f"{st['steps']} phases × {st['prompts']} prompts × G = {st['group_size']}, lr {st['lr']}, "
+             f"{st['updates']} updates/phase, ≤ {st['max_new_tokens']} new tokens, ground-truth reward; "
+             f"{res['seeds']} seed(s). Starting policy: "
+             + (f"{st['model']} after {st['warmup_steps']} SFT steps on {st['warmup_per_gen']} other prompts per "
+                f"generator" if st["warmup_steps"] else st["model"]) + f" (checksum {res['start_checksum']}). "
+             f"Test: greedy pass@1 on {res['n_in_domain']} in-domain prompts and {res['n_transfer']} gsm_symbolic "
+             "prompts.", ""]
+    g = res.get("gate")
+    if g:
+        lines += [f"**Gate** full-pool GRPO − starting policy ≥ 5 points in-domain: "
+                  f"{'met' if g['full - base >= 0.05 in-domain'] else 'not met'} (Δ {100 * g['delta']:+.1f} points, "
+                  f"paired 95 % CI [{100 * g['ci95'][0]:+.1f}, {100 * g['ci95'][1]:+.1f}], seeds pooled)."
+                  + ("" if g["full - base >= 0.05 in-domain"] else
+                     " The selector comparison below is therefore uninformative at this scale."), ""]
+    rows = [{"arm": "base (no RL)", "in-domain pass@1": round(res["base"]["in_domain"], 3),
+             "transfer pass@1": None if res["base"]["transfer"] is None else round(res["base"]["transfer"], 3)}]
+    for name, e in res["arms"].items():
+        sd = "" if e["in_domain_sd"] is None else f" ± {e['in_domain_sd']:.3f}"
+        r = {"arm": name, "in-domain pass@1": f"{e['in_domain']:.3f}{sd}",
+             "transfer pass@1": None if e["transfer"] is None else f"{e['transfer']:.3f}",
+             "Δ vs base [95 % CI]": f"{e['delta_vs_base']:+.3f} [{e['delta_vs_base_ci95'][0]:+.3f}, "
+                                    f"{e['delta_vs_base_ci95'][1]:+.3f}]",
+             "generators covered": e["generators_covered"]}
+        if "minus_random" in e:
+            lo, hi = e["minus_random_ci95"]
+            r["− random [95 % CI]"] = f"{e['minus_random']:+.3f} [{lo:+.3f}, {hi:+.3f}]"
+        rows.append(r)
+    from llmtool.core.console import markdown_table
+
+    cols = list(dict.fromkeys(k for r in rows for k in r))
+    rows = [{k: r.get(k, "") for k in cols} for r in rows]
+    lines += [markdown_table(rows), "",
+              "Mean ± sd over seeds. Δ vs base: paired with the starting policy on the same items, seeds pooled "
+              "(Newcombe). − random: seed-averaged per-item difference, bootstrap over test items (it resamples "
+              "items, not training runs).", ""]
+    if res.get("plot"):
+        lines += [f"Plot: `benchmarks/results/{res['plot']}`.", ""]
+    return "\n".join(lines)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--model", default="smollm2-135m")
+    ap.add_argument("--pool-per-gen", type=int, default=50)
+    ap.add_argument("--budget", type=int, default=16)
+    ap.add_argument("--selectors", default=DEFAULT_SELECTORS, help="comma list of select-data selectors")
+    ap.add_argument("--no-full", action="store_true", help="skip the full-pool arm")
+    ap.add_argument("--seeds", type=int, default=3)
+    ap.add_argument("--feature-tokens", type=int, default=48, help="rollout length for the selection features")
+    ap.add_argument("--sc-samples", type=int, default=8, help="samples for sc-entropy (0 drops that selector)")
+    ap.add_argument("--steps", type=int, default=12)
+    ap.add_argument("--group-size", type=int, default=8)
+    ap.add_argument("--prompts", type=int, default=4)
+    ap.add_argument("--updates", type=int, default=2)
+    ap.add_argument("--micro-batch", type=int, default=8)
+    ap.add_argument("--lr", type=float, default=1e-5)
+    ap.add_argument("--max-new-tokens", type=int, default=48)
+    ap.add_argument("--gen-batch", type=int, default=16)
+    ap.add_argument("--test-per-gen", type=int, default=22, help="in-domain test prompts per generator (7 x 22 = 154)")
+    ap.add_argument("--transfer", type=int, default=150, help="gsm_symbolic transfer prompts (0 = none)")
+    ap.add_argument("--warmup-steps", type=int, default=0)
+    ap.add_argument("--warmup-lr", type=float, default=1e-4)
+    ap.add_argument("--warmup-per-gen", type=int, default=64)
+    ap.add_argument("--marker", default="=", help="tracked marker (reported by the shared evaluation)")
+    ap.add_argument("--workers", type=int, default=1)
+    ap.add_argument("--threads", type=int, default=2)
+    a = ap.parse_args()
+    from llmtool.core.runlog import RunLog
+    from llmtool.select_data.methods import SELECTORS
+
+    sels = [x for x in a.selectors.split(",") if x and not (x == "sc-entropy" and not a.sc_samples)]
+    for x in sels:
+        if x not in SELECTORS.names():
+            raise SystemExit(f"--selectors: unknown selector {x!r} (choose from {', '.join(SELECTORS.names())})")
+    arms = ([] if a.no_full else ["full"]) + sels
+    policy, checksum = start_policy(a)
+    feats = selection_features(a, policy, checksum)
+    n = 7 * a.pool_per_gen
+    protocol = {**{k: getattr(a, k) for k in PROTOCOL}, "start_checksum": checksum}
+    log = RunLog(RESULTS / "select_data_rl.runs.jsonl", protocol, lambda r: (r["arm"], r["seed"]))
+    done = log.done()
+    jobs = [{"arm": "base", "seed": 0, "ids": []}] + [
+        {"arm": x, "seed": s, "ids": pick(x, s, feats, a.budget, n)} for s in range(a.seeds) for x in arms]
+    todo = [dict(j, a=vars(a), policy=policy) for j in jobs if (j["arm"], j["seed"]) not in done]
+    print(f"[shift-rl] {len(jobs)} runs: {len(jobs) - len(todo)} reused, {len(todo)} to train", flush=True)
+
+    def keep(r):
+        done[(r["arm"], r["seed"])] = r
+        log.append(r)
+        tr = "" if r["transfer"] is None else f", transfer {r['transfer']['pass@1']:.3f}"
+        print(f"[shift-rl] {r['arm']} seed {r['seed']}: in-domain {r['in_domain']['pass@1']:.3f}{tr} "
+              f"({r['seconds']:.0f} s)", flush=True)
+
+    _run_jobs(_job, todo, a.workers, keep)
+    res = summarise(done, arms, a.seeds)
+    ind, tr = test_rows(a.test_per_gen, a.transfer)
+    res.update(settings=protocol, seeds=a.seeds, start_checksum=checksum, n_in_domain=len(ind), n_transfer=len(tr),
+               command=" ".join(["benchmarks/select_data_rl.py", *sys.argv[1:]]), runs_file=log.path.name)
+    res["plot"] = plot(res, RESULTS / "select_data_rl.png")
+    (RESULTS / "select_data_rl.json").write_text(json.dumps(res, indent=2, default=float))
+    (RESULTS / "select_data_rl.md").write_text(markdown(res, a))
+    print(markdown(res, a))
+
+
+if __name__ == "__main__":
+    main()
