@@ -155,12 +155,19 @@ def _job(job: dict) -> dict:
     return out
 
 
-def summarise(done: dict, arms: list[str], seeds: int, draws: int = 2000) -> dict:
+def per_generator(records: list[dict], gens: list[str]) -> dict:
+    """In-domain accuracy per generator, averaged over the records (seeds)."""
+    ok = np.mean([r["in_domain"]["ok"] for r in records], axis=0)
+    return {g: float(ok[[i for i, x in enumerate(gens) if x == g]].mean()) for g in GENERATORS}
+
+
+def summarise(done: dict, arms: list[str], seeds: int, gens: list[str], draws: int = 2000) -> dict:
     from llmtool.core.intervals import bootstrap_mean_ci, paired_difference
 
     base = done[("base", 0)]
     res = {"base": {"in_domain": base["in_domain"]["pass@1"],
                     "transfer": base["transfer"]["pass@1"] if base["transfer"] else None}, "arms": {}}
+    res["per_generator"] = {"base": per_generator([base], gens)}
     n_items = len(base["in_domain"]["ok"])
     idx = np.random.default_rng(0).integers(0, n_items, size=(draws, n_items))
     per_item = {}
@@ -169,6 +176,7 @@ def summarise(done: dict, arms: list[str], seeds: int, draws: int = 2000) -> dic
         ind = [r["in_domain"]["pass@1"] for r in runs]
         tr = [r["transfer"]["pass@1"] for r in runs if r["transfer"]]
         per_item[arm] = np.mean([r["in_domain"]["ok"] for r in runs], axis=0)
+        res["per_generator"][arm] = per_generator(runs, gens)
         a_only = sum(x and not b for r in runs for x, b in zip(r["in_domain"]["ok"], base["in_domain"]["ok"]))
         b_only = sum(b and not x for r in runs for x, b in zip(r["in_domain"]["ok"], base["in_domain"]["ok"]))
         both = sum(x and b for r in runs for x, b in zip(r["in_domain"]["ok"], base["in_domain"]["ok"]))
@@ -179,7 +187,10 @@ def summarise(done: dict, arms: list[str], seeds: int, draws: int = 2000) -> dic
             "transfer_sd": float(np.std(tr, ddof=1)) if len(tr) > 1 else None,
             "delta_vs_base": d, "delta_vs_base_ci95": [lo, hi],
             "generators_covered": float(np.mean([len(r["generators"]) for r in runs])),
-            "per_seed_in_domain": ind, "train_seconds": float(np.mean([r["seconds"] for r in runs]))}
+            "per_seed_in_domain": ind, "train_seconds": float(np.mean([r["seconds"] for r in runs])),
+            # GRPO learns only from groups whose G rewards differ; the share of such groups over all phases
+            "groups_with_variance": float(1 - np.mean([z for r in runs for z in r["zero_variance_groups"]])),
+            "train_reward": float(np.mean([x for r in runs for x in r["train_reward"]]))}
     if "random" in per_item:
         for arm in arms:
             if arm != "random":
@@ -245,7 +256,8 @@ def markdown(res: dict, a) -> str:
              "transfer pass@1": None if e["transfer"] is None else f"{e['transfer']:.3f}",
              "Δ vs base [95 % CI]": f"{e['delta_vs_base']:+.3f} [{e['delta_vs_base_ci95'][0]:+.3f}, "
                                     f"{e['delta_vs_base_ci95'][1]:+.3f}]",
-             "generators covered": e["generators_covered"]}
+             "generators covered": e["generators_covered"],
+             "train reward": round(e["train_reward"], 3), "groups with reward variance": round(e["groups_with_variance"], 3)}
         if "minus_random" in e:
             lo, hi = e["minus_random_ci95"]
             r["− random [95 % CI]"] = f"{e['minus_random']:+.3f} [{lo:+.3f}, {hi:+.3f}]"
@@ -258,6 +270,9 @@ def markdown(res: dict, a) -> str:
               "Mean ± sd over seeds. Δ vs base: paired with the starting policy on the same items, seeds pooled "
               "(Newcombe). − random: seed-averaged per-item difference, bootstrap over test items (it resamples "
               "items, not training runs).", ""]
+    pg = res["per_generator"]
+    lines += ["In-domain accuracy per generator (mean over seeds):", "",
+              markdown_table([{"arm": k, **{g: round(v[g], 3) for g in GENERATORS}} for k, v in pg.items()]), ""]
     if res.get("plot"):
         lines += [f"Plot: `benchmarks/results/{res['plot']}`.", ""]
     return "\n".join(lines)
@@ -317,8 +332,8 @@ def main() -> None:
               f"({r['seconds']:.0f} s)", flush=True)
 
     _run_jobs(_job, todo, a.workers, keep)
-    res = summarise(done, arms, a.seeds)
     ind, tr = test_rows(a.test_per_gen, a.transfer)
+    res = summarise(done, arms, a.seeds, [r["generator"] for r in ind])
     res.update(settings=protocol, seeds=a.seeds, start_checksum=checksum, n_in_domain=len(ind), n_transfer=len(tr),
                command=" ".join(["benchmarks/select_data_rl.py", *sys.argv[1:]]), runs_file=log.path.name)
     res["plot"] = plot(res, RESULTS / "select_data_rl.png")
