@@ -6,7 +6,8 @@ export HF_HUB_OFFLINE := 1
 export TOKENIZERS_PARALLELISM := false
 
 .PHONY: setup demo test test-slow bench bench-compress bench-quantize bench-kvcache bench-evaluate bench-evade bench-edit \
-	bench-route bench-select-data bench-train-grpo bench-train-adagc bench-train-adagc-full bench-learn-program bench-agent clean
+	bench-route bench-select-data bench-select-data-rl bench-train-grpo bench-train-adagc bench-train-adagc-full bench-learn-program \
+	bench-agent clean
 
 setup: $(VENV)/.installed
 
@@ -52,6 +53,8 @@ bench-route: setup
 	$(PY) benchmarks/route.py
 bench-select-data: setup
 	$(PY) benchmarks/select_data.py
+bench-select-data-rl: setup  # SHIFT with RL: the gate (starting policy vs full-pool GRPO, 3 seeds) ~2 h on 2 cores
+	$(PY) benchmarks/select_data_rl.py --seeds 3 --selectors "" --sc-samples 0 --warmup-steps 100 --workers 2 --threads 1
 bench-train-grpo: setup  # bandit ~3 min; spurious ~2 h and diversity ~45 min on 2 cores (resumable runs files)
 	$(PY) benchmarks/train_grpo.py --parts bandit
 	$(PY) benchmarks/train_grpo.py --parts spurious --seeds 3 --steps 12 --group-size 8 --prompts 4 --updates 2 \

@@ -24,6 +24,7 @@ import argparse
 import hashlib
 import json
 import os
+import shlex
 import sys
 import tempfile
 import time
@@ -335,7 +336,7 @@ def main() -> None:
     ind, tr = test_rows(a.test_per_gen, a.transfer)
     res = summarise(done, arms, a.seeds, [r["generator"] for r in ind])
     res.update(settings=protocol, seeds=a.seeds, start_checksum=checksum, n_in_domain=len(ind), n_transfer=len(tr),
-               command=" ".join(["benchmarks/select_data_rl.py", *sys.argv[1:]]), runs_file=log.path.name)
+               command=shlex.join(["benchmarks/select_data_rl.py", *sys.argv[1:]]), runs_file=log.path.name)
     res["plot"] = plot(res, RESULTS / "select_data_rl.png")
     (RESULTS / "select_data_rl.json").write_text(json.dumps(res, indent=2, default=float))
     (RESULTS / "select_data_rl.md").write_text(markdown(res, a))
