@@ -37,11 +37,10 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
-from select_data import GENERATORS  # noqa: E402
-from train_grpo import _greedy_eval, _run_jobs, _train_once, cached_sft  # noqa: E402
+from select_data import GENERATORS, shift_pool  # noqa: E402
+from train_grpo import _greedy_eval, _run_jobs, _train_once, cached_sft, paired_vs_base  # noqa: E402
 
 RESULTS = ROOT / "benchmarks" / "results"
-SUFFIX = "\nGive only the final answer on the last line."
 # every setting that changes an arm's result (sc_samples only changes the sc-entropy arm's picks, which are
 # stored in its record; the selector list and the seed count only add runs)
 PROTOCOL = ("model", "pool_per_gen", "budget", "feature_tokens", "steps", "group_size", "prompts",
@@ -101,7 +100,7 @@ def selection_features(a, policy: str, checksum: str) -> dict:
     import torch
 
     torch.set_num_threads(max(1, a.threads * a.workers))
-    prompts = [r["prompt"][: -len(SUFFIX)] for r in pool_rows(a.pool_per_gen)]  # the raw questions
+    prompts = [r["prompt"] for r in shift_pool(a.pool_per_gen)]  # the raw questions, as bench_shift reads them
     model, tok = load_model(policy), load_tokenizer(policy)
     t = time.time()
     feats = F.extract(model, tok, prompts, max_new_tokens=a.feature_tokens, batch_size=8)["features"]
@@ -163,7 +162,7 @@ def per_generator(records: list[dict], gens: list[str]) -> dict:
 
 
 def summarise(done: dict, arms: list[str], seeds: int, gens: list[str], draws: int = 2000) -> dict:
-    from llmtool.core.intervals import bootstrap_mean_ci, paired_difference
+    from llmtool.core.intervals import bootstrap_mean_ci
 
     base = done[("base", 0)]
     res = {"base": {"in_domain": base["in_domain"]["pass@1"],
@@ -178,10 +177,7 @@ def summarise(done: dict, arms: list[str], seeds: int, gens: list[str], draws: i
         tr = [r["transfer"]["pass@1"] for r in runs if r["transfer"]]
         per_item[arm] = np.mean([r["in_domain"]["ok"] for r in runs], axis=0)
         res["per_generator"][arm] = per_generator(runs, gens)
-        a_only = sum(x and not b for r in runs for x, b in zip(r["in_domain"]["ok"], base["in_domain"]["ok"]))
-        b_only = sum(b and not x for r in runs for x, b in zip(r["in_domain"]["ok"], base["in_domain"]["ok"]))
-        both = sum(x and b for r in runs for x, b in zip(r["in_domain"]["ok"], base["in_domain"]["ok"]))
-        d, lo, hi = paired_difference(a_only, b_only, both, n_items * len(runs))
+        d, lo, hi = paired_vs_base([r["in_domain"]["ok"] for r in runs], base["in_domain"]["ok"])
         res["arms"][arm] = {
             "in_domain": float(np.mean(ind)), "in_domain_sd": float(np.std(ind, ddof=1)) if len(ind) > 1 else None,
             "transfer": float(np.mean(tr)) if tr else None,
@@ -231,7 +227,7 @@ def plot(res: dict, path: Path) -> str | None:
     return path.name
 
 
-def markdown(res: dict, a) -> str:
+def markdown(res: dict) -> str:
     st = res["settings"]
     lines = ["# SHIFT with RL", "", f"Command: `{res['command']}`", "",
              f"Pool {7 * st['pool_per_gen']} prompts (7 reasoning-gym generators), budget {st['budget']}; GRPO "
@@ -339,8 +335,9 @@ def main() -> None:
                command=shlex.join(["benchmarks/select_data_rl.py", *sys.argv[1:]]), runs_file=log.path.name)
     res["plot"] = plot(res, RESULTS / "select_data_rl.png")
     (RESULTS / "select_data_rl.json").write_text(json.dumps(res, indent=2, default=float))
-    (RESULTS / "select_data_rl.md").write_text(markdown(res, a))
-    print(markdown(res, a))
+    md = markdown(res)
+    (RESULTS / "select_data_rl.md").write_text(md)
+    print(md)
 
 
 if __name__ == "__main__":

@@ -167,6 +167,16 @@ def _spurious_job(job: dict) -> dict:
             "clip_frac": sum(h["clip_frac"] for h in hist) / len(hist)}
 
 
+def paired_vs_base(oks: list[list[int]], base_ok: list[int]) -> tuple[float, float, float]:
+    """Pass rate of the runs ``oks`` (0/1 per test item, one list per seed) minus the base model's on the same
+    items, each seed a paired replicate (Newcombe interval): (difference, low, high)."""
+    from llmtool.core.intervals import paired_difference
+
+    pairs = [(x, b) for ok in oks for x, b in zip(ok, base_ok)]
+    return paired_difference(sum(x and not b for x, b in pairs), sum(b and not x for x, b in pairs),
+                             sum(x and b for x, b in pairs), len(pairs))
+
+
 def _run_jobs(fn, jobs: list, workers: int, keep) -> None:
     """``keep(fn(job))`` for every job, in ``workers`` spawned processes when more than one."""
     if workers <= 1:
@@ -187,7 +197,6 @@ def run_spurious(a) -> dict:
     same settings, so the protocol can be accumulated over several commands."""
     import numpy as np
 
-    from llmtool.core.intervals import paired_difference
     from llmtool.core.runlog import RunLog
 
     wanted = [x for x in a.arms.split(",") if x] if a.arms else list(SPURIOUS_ARMS)
@@ -216,10 +225,7 @@ def run_spurious(a) -> dict:
         k = sum(p["eval"]["correct"] for p in per_seed)
         n = sum(p["eval"]["n"] for p in per_seed)
         # paired with the base model on the same test items, seeds pooled (each seed is a paired replicate)
-        a_only = sum(x and not b for p in per_seed for x, b in zip(p["eval"]["ok"], before["ok"]))
-        b_only = sum(b and not x for p in per_seed for x, b in zip(p["eval"]["ok"], before["ok"]))
-        both = sum(x and b for p in per_seed for x, b in zip(p["eval"]["ok"], before["ok"]))
-        diff, lo, hi = paired_difference(a_only, b_only, both, n)
+        diff, lo, hi = paired_vs_base([p["eval"]["ok"] for p in per_seed], before["ok"])
         seeds_p = [p["eval"]["pass@1"] for p in per_seed]
         res["arms"][name] = {"per_seed": per_seed, "pass@1": k / n, "wilson95": wilson(k, n),
                              "delta_vs_base": diff, "delta_ci95": [lo, hi],
