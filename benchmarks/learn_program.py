@@ -22,6 +22,14 @@ Parts (``--parts``, comma list; a part not run keeps its previous results in the
 * ``replay``: a replay proposer with written-out correct programs (one wrong proposal first) for the 10
   solvable tasks: test accuracy at L = 100 and, trained at L = 10, at test length 100.
 * ``sandbox``: every hostile program of spec §8.3 run through ``core/sandbox.py``; each must be blocked.
+* ``icl``: in-context learning with the same local model at L = 100 on ``--icl-tasks`` (default all 13),
+  ``--icl-queries`` test inputs each (paper: 100), with a Wilson interval; the prompt holds as many of the
+  100 training examples as fit the model's context (SmolLM2: 76 binary ones, 12 graph ones).
+
+``--tasks`` runs the classical part on some tasks only and keeps the other tasks' rows, so for example the
+prime tasks can be rerun at ``--prime-test 10000`` alone; the ``icl`` part likewise keeps the rows of tasks
+it did not run. Each part's command is recorded, and the reductions against the issue's protocol are read
+from the stored results.
 
 Writes benchmarks/results/learn_program.{json,md,png}.
 """
@@ -43,6 +51,7 @@ RESULTS = ROOT / "benchmarks" / "results"
 
 PARITY_LIKE = ["parity_all", "parity_first_half", "parity_rand_3", "parity_rand_10", "dyck2", "automata_parity",
                "sha256_parity"]
+PRIME_TASKS = ["prime_decimal", "prime_plus_47"]
 PROPOSER_TASKS = ["parity_all", "patternmatch1", "palindrome", "prime_decimal"]
 SANITY_RULES = {
     "first_bit_1": lambda x: int(x[0] == "1"),
@@ -67,9 +76,9 @@ def part_classical(a, log) -> dict:
     from llmtool.learn_program.baselines import BASELINES, run_baseline
     from llmtool.learn_program.tasks import TASKS, generate
 
-    out: dict = {"length": 100, "sizes": [100, 100, 10_000], "seeds": a.seeds, "rows": []}
+    out: dict = {"length": 100, "sizes": [100, 100, 10_000], "seeds": a.seeds, "prime_test": a.prime_test, "rows": []}
     methods = [m for m in a.methods.split(",") if m]
-    for task in TASKS:
+    for task in _task_list(a.tasks, TASKS):
         for seed in range(a.seeds):
             n_test = a.prime_test if task.startswith("prime") else 10_000
             ds = generate(task, 100, 100, 100, n_test, seed=42 + seed)
@@ -90,6 +99,43 @@ def part_classical(a, log) -> dict:
                                 "test_acc": r.get("test_acc"), "seconds": round(time.time() - t0, 2)})
             log(f"transformer: {task} seed {seed}: test {r.get('test_acc')}")
     return out
+
+
+def _task_list(arg: str, known) -> list[str]:
+    tasks = [t for t in arg.split(",") if t] or list(known)
+    bad = [t for t in tasks if t not in known]
+    if bad:
+        raise SystemExit(f"error: unknown task(s) {bad}; known: {', '.join(known)}")
+    return tasks
+
+
+def merge_rows(prev: list[dict], new: list[dict], keys=("task", "method")) -> list[dict]:
+    """``new`` rows plus the previous rows of every (task, method) that this run did not measure, so a run on
+    a few tasks refreshes those and keeps the rest."""
+    done = {tuple(r.get(k) for k in keys) for r in new}
+    return [r for r in prev if tuple(r.get(k) for k in keys) not in done] + new
+
+
+def part_icl(a, log) -> dict:
+    """In-context learning with the same local model: the training examples (as many as fit its context) in
+    the prompt, then each of ``--icl-queries`` test inputs at L = 100, scored by the two answers' NLL."""
+    from llmtool.core.models import load_model, load_tokenizer
+    from llmtool.learn_program.baselines import BASELINES, run_baseline
+    from llmtool.learn_program.tasks import TASKS, generate
+
+    model, tok = load_model(a.model), load_tokenizer(a.model)
+    rows = []
+    for task in _task_list(a.icl_tasks, TASKS):
+        ds = generate(task, 100, 100, 100, max(a.icl_queries, 2) + max(a.icl_queries, 2) % 2, seed=42)
+        t0 = time.time()
+        r = run_baseline(BASELINES.build("icl", queries=a.icl_queries, val_queries=0), ds, model=model,
+                         tokenizer=tok, seed=0)
+        k, n = round(r["test_acc"] * r["test_queries"]), r["test_queries"]
+        rows.append({"task": task, "method": "icl", "seed": 0, "test_acc": r["test_acc"], "queries": n,
+                     "ci95": wilson(k, n), "train_in_prompt": r["train_in_prompt"],
+                     "seconds": round(time.time() - t0, 1)})
+        log(f"icl: {task}: test {r['test_acc']:.2f} ({n} queries, {r['train_in_prompt']} examples in the prompt)")
+    return {"model": a.model, "length": 100, "queries": a.icl_queries, "rows": rows}
 
 
 def _proposer(a):
@@ -240,6 +286,36 @@ def _scrub(x, path: str, token: str):
 
 
 # ------------------------------------------------------------------------------------------ report
+def reductions(res: dict) -> list[str]:
+    """Where the stored results fall short of the issue's protocol, read from the results themselves (parts
+    may come from different runs)."""
+    red = []
+    for part in ("proposer", "sanity"):
+        p = res.get(part) or {}
+        if p and p.get("k", 64) < 64:
+            red.append(f"{part}: k = {p['k']} proposals per task instead of 64")
+    mnt = (res.get("proposer") or {}).get("max_new_tokens")
+    if mnt:
+        red.append(f"at most {mnt} new tokens per proposal")
+    c = res.get("classical") or {}
+    tf = [r for r in c.get("rows", []) if r["method"] == "transformer"]
+    if tf:
+        tasks, seeds = sorted({r["task"] for r in tf}), {r["seed"] for r in tf}
+        if len(tasks) < 13 or len(seeds) < 5:
+            red.append(f"the SGD transformer on {len(tasks)} task(s) ({', '.join(tasks)}) with {len(seeds)} seed(s)")
+    if c and c.get("prime_test", 2_000) < 10_000:
+        red.append(f"{c.get('prime_test', 2_000):,} test inputs (not 10,000) for {' and '.join(PRIME_TASKS)}")
+    icl = res.get("icl") or {}
+    n_icl = len({r["task"] for r in icl.get("rows", [])})
+    if n_icl < 13:
+        red.append(f"in-context learning on {n_icl} of the 13 tasks" + (" (every query costs a forward pass over "
+                   "a prompt of ~8,000 tokens with the 135M model)" if n_icl else ""))
+    if any(r.get("train_in_prompt", 100) < 100 for r in icl.get("rows", [])):
+        red.append("ICL prompts hold only the training examples that fit SmolLM2's 8,192-token context "
+                   "(column 'examples')")
+    return red
+
+
 def classical_table(c: dict) -> tuple[list[str], dict]:
     from collections import defaultdict
 
@@ -283,7 +359,14 @@ def how(x: dict) -> str:
 
 
 def write_md(res: dict, path: Path) -> None:
-    L = ["# learn-program benchmark (LLM-PV)", "", f"Command: `{res['command']}`", ""]
+    L = ["# learn-program benchmark (LLM-PV)", ""]
+    cmds = res.get("part_commands") or {}
+    if cmds:
+        L += ["Commands (each part's latest run; a part keeps its results until it is rerun):", ""]
+        L += [f"- {part}: `{cmd}`" for part, cmd in cmds.items()]
+        L.append("")
+    else:
+        L += [f"Command: `{res['command']}`", ""]
     if res.get("reductions"):
         L += ["**Reductions against the issue's protocol:** " + "; ".join(res["reductions"]), ""]
     c = res.get("classical")
@@ -293,6 +376,16 @@ def write_md(res: dict, path: Path) -> None:
               "Test accuracy % mean ± sd over seeds, train accuracy % in brackets.", "", *lines, "",
               "Gates:", ""]
         L += [f"- {k}: {'met' if v['met'] else '**NOT met**'} (measured {json.dumps(v['measured'])})" for k, v in gates.items()]
+        L.append("")
+    icl = res.get("icl")
+    if icl:
+        L += [f"## In-context learning: {icl.get('model')}, L = 100", "",
+              "The training examples in the prompt (as many of the 100 as fit the context with the longest query), "
+              "then one test input; the label whose answer has the lower NLL. Accuracy % with a 95 % Wilson "
+              "interval.", "", "| task | test acc % | 95 % CI | queries | examples in prompt | seconds |",
+              "|---|---|---|---|---|---|"]
+        L += [f"| {r['task']} | {100 * r['test_acc']:.0f} | [{100 * r['ci95'][0]:.0f}, {100 * r['ci95'][1]:.0f}] | "
+              f"{r['queries']} | {r['train_in_prompt']} | {r['seconds']:.0f} |" for r in icl["rows"]]
         L.append("")
     for part, title in (("proposer", "Default model as proposer (L = 20)"), ("sanity", "Weak-proposer sanity suite (L = 20)")):
         p = res.get(part)
@@ -356,6 +449,10 @@ def plot(res: dict, path: Path) -> None:
         agg[(r["task"], r["method"])].append(r["test_acc"])
     tasks = list(dict.fromkeys(r["task"] for r in c["rows"]))
     methods = list(dict.fromkeys(r["method"] for r in c["rows"]))
+    for r in (res.get("icl") or {}).get("rows", []):
+        agg[(r["task"], "icl (SmolLM2-135M)")].append(r["test_acc"])
+    if res.get("icl"):
+        methods.append("icl (SmolLM2-135M)")
     replay = {x["task"]: x.get("test_acc_L100") for x in (res.get("replay") or {}).get("rows", [])}
     fig, ax = plt.subplots(figsize=(13, 4))
     w = 0.8 / (len(methods) + 1)
@@ -375,8 +472,12 @@ def plot(res: dict, path: Path) -> None:
 
 def main(argv=None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--parts", default="classical,replay,sandbox,sanity,proposer")
+    ap.add_argument("--parts", default="classical,replay,sandbox,sanity,proposer,icl")
     ap.add_argument("--seeds", type=int, default=5)
+    ap.add_argument("--tasks", default="", help="classical part: these tasks only (comma list; the JSON keeps the "
+                    "other tasks' previous rows)")
+    ap.add_argument("--icl-tasks", default="", help="icl part: these tasks (default all 13)")
+    ap.add_argument("--icl-queries", type=int, default=100, help="icl part: test queries per task (paper: 100)")
     ap.add_argument("--methods", default="xgboost,random-forest,logreg,mlp")
     ap.add_argument("--transformer-tasks", default="parity_all,patternmatch1,palindrome,dyck2")
     ap.add_argument("--transformer-seeds", type=int, default=1)
@@ -407,24 +508,23 @@ def main(argv=None) -> dict:
     res = dict(prev)
     res["command"] = "python benchmarks/learn_program.py " + " ".join(argv if argv is not None else sys.argv[1:])
     res["model"] = a.model
-    red = []
-    if a.k < 64:
-        red.append(f"k = {a.k} proposals per task instead of 64 and at most {a.max_new_tokens} new tokens per "
-                   "proposal (a 135M model samples ~0.05-0.1 proposals/s on this shared 2-core CPU)")
-    if a.transformer_seeds < 5:
-        red.append(f"the SGD transformer on {a.transformer_tasks} with {a.transformer_seeds} seed(s) "
-                   f"({a.transformer_epochs} full-batch epochs)")
-    if a.prime_test < 10_000:
-        red.append(f"{a.prime_test:,} test inputs (not 10,000) for prime_decimal and prime_plus_47")
-    red.append("in-context learning (the `icl` baseline) not run in this CPU budget: every query re-reads a prompt "
-               "of the 100 training lines with the 135M model")
-    res["reductions"] = red
     with tempfile.TemporaryDirectory(prefix="lp-bench-") as tmp:
         work = Path(tmp)
         for part in parts:
             t0 = time.time()
             if part == "classical":
-                res["classical"] = part_classical(a, log)
+                c = part_classical(a, log)
+                if a.tasks and prev.get("classical"):
+                    old = prev["classical"]
+                    covers_primes = all(t in a.tasks.split(",") for t in PRIME_TASKS)
+                    c = {**old, "prime_test": a.prime_test if covers_primes else old.get("prime_test", 2_000),
+                         "rows": merge_rows(old["rows"], c["rows"])}
+                res["classical"] = c
+            elif part == "icl":
+                c = part_icl(a, log)
+                if prev.get("icl"):
+                    c["rows"] = merge_rows(prev["icl"]["rows"], c["rows"])
+                res["icl"] = c
             elif part == "proposer":
                 res["proposer"] = part_proposer(a, log, work)
             elif part == "sanity":
@@ -436,7 +536,9 @@ def main(argv=None) -> dict:
             else:
                 ap.error(f"unknown part {part!r}")
             res.setdefault("part_seconds", {})[part] = round(time.time() - t0, 1)
+            res.setdefault("part_commands", {})[part] = res["command"]
             out.with_suffix(".json").write_text(json.dumps(res, indent=2, default=str) + "\n")
+    res["reductions"] = reductions(res)
     res["wall_seconds"] = sum(res.get("part_seconds", {}).values())
     res["machine"] = f"{platform.machine()}, {os.cpu_count()} CPUs, torch {torch.__version__}"
     out.with_suffix(".json").write_text(json.dumps(res, indent=2, default=str) + "\n")

@@ -301,3 +301,61 @@ def test_summary_breaks_down_why_proposals_fail(tmp_path):
     assert summ["outcomes"] == {"binary_on_all": 1, "no_function": 1, "syntax_error": 1, "timeout": 1,
                                 "exception": 1, "non_binary_output": 1}
     assert cands[2]["val_acc"] == 0.0 and cands[5]["val_acc"] == 1.0
+
+
+def test_icl_answer_nll_equals_full_forward_and_prompt_fits_the_context(tiny_llama_dir):
+    """The cached ICL scorer (shared prefix once, common answer tokens once) gives the same summed NLLs as a
+    full forward of every prompt + answer; examples that overflow the context are dropped, counted."""
+    from llmtool.core.lm import completion_nll
+    from llmtool.core.models import load_model, load_tokenizer
+    from llmtool.learn_program.baselines import ICLConfig, answer_nll
+
+    model, tok = load_model(tiny_llama_dir), load_tokenizer(tiny_llama_dir)
+    ds = generate("parity_all", 10, 40, 10, 10, seed=3)
+    cfg = ICLConfig(queries=4, val_queries=0)
+    head, n = cfg.prompt_head(tok, list(ds.train), None)
+    assert n == 40
+    prompts = [head + x for x, _ in ds.test[:4]]
+    got = answer_nll(model, tok, prompts, list(cfg.ANSWERS))
+    for j, a in enumerate(cfg.ANSWERS):
+        ref = completion_nll(model, tok, prompts, [a] * len(prompts), batch_size=4)
+        assert got[j] == pytest.approx(ref, rel=1e-4, abs=1e-3)
+    full = len(tok(head + ds.train[0][0], add_special_tokens=False)["input_ids"])
+    head2, n2 = cfg.prompt_head(tok, list(ds.train), full // 2)
+    assert 0 < n2 < 40
+    assert len(tok(head2 + max((x for x, _ in ds.train), key=len), add_special_tokens=False)["input_ids"]) <= full // 2
+    _, n3 = cfg.prompt_head(tok, list(ds.train), full // 2 + 200)
+    assert n3 > n2
+    rep = cfg.fit_eval(ds, model=model, tokenizer=tok)
+    assert rep["test_queries"] == 4 and "val_acc" not in rep and rep["train_in_prompt"] <= 40
+
+
+def test_benchmark_partial_reruns_keep_other_rows_and_reductions_follow_the_stored_results():
+    """``--tasks`` / the icl part refresh only what they ran; the reductions are read from the stored results,
+    so a partial rerun cannot relabel results it did not produce."""
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / "learn_program.py"
+    spec = importlib.util.spec_from_file_location("learn_program_bench", path)
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    prev = [{"task": "parity_all", "method": "xgboost", "seed": 0, "test_acc": 0.5},
+            {"task": "prime_decimal", "method": "xgboost", "seed": 0, "test_acc": 0.6},
+            {"task": "prime_decimal", "method": "transformer", "seed": 0, "test_acc": 0.55}]
+    new = [{"task": "prime_decimal", "method": "xgboost", "seed": s, "test_acc": 0.7} for s in range(2)]
+    rows = bench.merge_rows(prev, new)
+    assert [r["test_acc"] for r in rows if r["method"] == "xgboost"] == [0.5, 0.7, 0.7]
+    assert any(r["method"] == "transformer" for r in rows)
+    res = {"proposer": {"k": 64, "max_new_tokens": 192}, "sanity": {"k": 8},
+           "classical": {"prime_test": 10_000, "rows": rows},
+           "icl": {"rows": [{"task": t, "train_in_prompt": 100} for t in bench.PROPOSER_TASKS]}}
+    red = " ".join(bench.reductions(res))
+    assert "sanity: k = 8" in red and "proposer: k" not in red and "test inputs" not in red
+    assert "transformer on 1 task(s)" in red and "4 of the 13" in red and "token context" not in red
+    res["classical"]["prime_test"] = 2_000
+    res["icl"]["rows"][0]["train_in_prompt"] = 76
+    red = " ".join(bench.reductions(res))
+    assert "2,000 test inputs" in red and "8,192-token context" in red
+    with pytest.raises(SystemExit):
+        bench._task_list("parity_all,nope", ["parity_all"])

@@ -12,6 +12,9 @@ Reconstructed choices (ours):
 - ``icl``: every training example in the prompt then the query; instead of sampling an answer we score
   the two possible answers ``{"label": "0"}`` / ``{"label": "1"}`` by their summed NLL under the model
   and take the likelier one (deterministic, never unparsable); ``--queries`` test inputs (paper: 100).
+  When the examples do not fit the model's context (``max_position_embeddings``) with the longest query,
+  the first ones that fit are kept and ``train_in_prompt`` in the report says how many (SmolLM2's 8,192
+  tokens hold 78 of the 100 L = 100 binary examples: one token per digit).
 """
 
 from __future__ import annotations
@@ -195,23 +198,54 @@ class ICLConfig(MethodConfig):
     name: ClassVar[str] = "icl"
     help: ClassVar[str] = "In-context learning with a local model (answers scored by NLL)."
     queries: int = option(100, "Test queries (paper: 100).", min=1)
+    val_queries: int = option(100, "Validation queries also scored (0: none; ICL makes no use of them).", min=0)
     needs_model: ClassVar[bool] = True
+
+    HEAD: ClassVar[str] = "Each input string has a binary label 0 or 1 given by a fixed rule. Examples:\n"
+    TAIL: ClassVar[str] = '\n\nGive the label of the next input as a JSON object {"label": "0"} or {"label": "1"}.\nInput: '
+    ANSWERS: ClassVar[tuple[str, str]] = ('{"label": "0"}', '{"label": "1"}')
+
+    def prompt_head(self, tokenizer, train: list, limit: int | None) -> tuple[str, int]:
+        """The shared prompt part with as many training examples (in order) as fit ``limit`` tokens
+        together with the longest query and answer; returns it and the number of examples it holds."""
+        from llmtool.core.lm import chat_prompt
+
+        def head(n):
+            return self.HEAD + "\n".join(f"{x} -> {y}" for x, y in train[:n]) + self.TAIL
+
+        n = len(train)
+        if limit is None:
+            return head(n), n
+        longest = max((x for x, _ in train), key=len, default="")
+        room = limit - max(len(tokenizer(a, add_special_tokens=False)["input_ids"]) for a in self.ANSWERS)
+
+        def fits(k):
+            return len(tokenizer(chat_prompt(tokenizer, head(k) + longest), add_special_tokens=False)["input_ids"]) <= room
+
+        if fits(n):
+            return head(n), n
+        lo, hi = 0, n  # fits(lo) assumed; binary search for the largest count that fits
+        while lo < hi:
+            mid = (lo + hi + 1) // 2
+            lo, hi = (mid, hi) if fits(mid) else (lo, mid - 1)
+        if lo == 0 and not fits(0):
+            raise UsageError(f"--method icl: the model's context ({limit} tokens) cannot hold the prompt and one query")
+        return head(lo), lo
 
     def fit_eval(self, ds, model=None, tokenizer=None, seed: int = 0) -> dict:
         from llmtool.core.lm import chat_prompt
 
         if model is None:
             raise UsageError("--method icl needs --model MODEL (a local model directory or alias)")
-        lines = "\n".join(f"{x} -> {y}" for x, y in ds.train)
-        head = ("Each input string has a binary label 0 or 1 given by a fixed rule. Examples:\n" + lines +
-                '\n\nGive the label of the next input as a JSON object {"label": "0"} or {"label": "1"}.\nInput: ')
-        res: dict = {}
-        for split, n in (("val", self.queries), ("test", self.queries)):
+        limit = getattr(getattr(model, "config", None), "max_position_embeddings", None)
+        head, n_in_prompt = self.prompt_head(tokenizer, list(ds.train), limit)
+        res: dict = {"train_in_prompt": n_in_prompt, "train_size": len(ds.train)}
+        for split, n in (("val", self.val_queries), ("test", self.queries)):
             rows = getattr(ds, split)[:n]
             if not rows:
                 continue
             prompts = [chat_prompt(tokenizer, head + x) for x, _ in rows]
-            nll0, nll1 = answer_nll(model, tokenizer, prompts, ['{"label": "0"}', '{"label": "1"}'])
+            nll0, nll1 = answer_nll(model, tokenizer, prompts, list(self.ANSWERS))
             pred = [int(b < a) for a, b in zip(nll0, nll1)]
             res[f"{split}_acc"] = _acc(pred, [y for _, y in rows])
             res[f"{split}_queries"] = len(rows)
@@ -223,8 +257,9 @@ def answer_nll(model, tokenizer, prompts: list[str], answers: list[str]) -> list
 
     Same tokenization as :func:`llmtool.core.lm.completion_nll` (prompt and answer tokenized apart,
     then concatenated), but the long shared part of the prompts (every training example) is prefilled
-    once: its KV cache is reused for every query and cropped back after each, so a query costs its own
-    few tokens instead of the whole prompt.
+    once and its KV cache reused for every query; each query's own tokens and the answers' common first
+    tokens are run once, then only each answer's remaining tokens, and the cache is cropped back after
+    each. A query costs its own few tokens instead of the whole prompt, once instead of once per answer.
     """
     import torch
 
@@ -241,6 +276,13 @@ def answer_nll(model, tokenizer, prompts: list[str], answers: list[str]) -> list
         while i < shared and p[i] == pids[0][i]:
             i += 1
         shared = i
+    common = min(len(a) for a in aids)
+    for a in aids[1:]:
+        i = 0
+        while i < common and a[i] == aids[0][i]:
+            i += 1
+        common = i
+    common = min(common, min(len(a) for a in aids) - 1) if aids else 0  # every answer keeps >= 1 own token
     dev = next(model.parameters()).device
     cache = None
     if shared > 0:
@@ -248,19 +290,28 @@ def answer_nll(model, tokenizer, prompts: list[str], answers: list[str]) -> list
             cache = output_cache(model(input_ids=torch.tensor([pids[0][:shared]], device=dev), use_cache=True))
     if cache is None or not getattr(cache, "is_croppable", False):
         return [completion_nll(model, tokenizer, prompts, [a] * len(prompts), batch_size=4) for a in answers]
+
+    def run(ids):
+        return model(input_ids=torch.tensor([ids], device=dev), use_cache=True,
+                     **cache_kwarg(model, cache)).logits[0].float()
+
     out: list[list[float]] = [[] for _ in answers]
     with torch.no_grad():
         for p in pids:
+            q = p[shared:] + aids[0][:common]
+            lp = torch.log_softmax(run(q), dim=-1)
+            # lp[t] predicts q[t + 1]; the answer starts at index len(p) - shared of q
+            start = len(p) - shared
+            base = -float(sum(lp[start - 1 + i, aids[0][i]] for i in range(common)))
             for j, a in enumerate(aids):
-                rest = p[shared:] + a
-                logits = model(input_ids=torch.tensor([rest], device=dev), use_cache=True,
-                               **cache_kwarg(model, cache)).logits[0].float()
-                cache.crop(-len(rest))  # back to the shared prefix (negative: tokens to remove)
-                # logits[t] predicts rest[t + 1]; the answer starts at index len(p) - shared of rest
-                start = len(p) - shared
-                lp = torch.log_softmax(logits[start - 1:len(rest) - 1], dim=-1)
-                tgt = torch.tensor(a, device=lp.device)
-                out[j].append(float(-lp.gather(1, tgt[:, None]).sum()))
+                tail = a[common:]
+                nll = base - float(lp[-1, tail[0]])
+                if len(tail) > 1:
+                    lt = torch.log_softmax(run(tail[:-1]), dim=-1)
+                    cache.crop(-(len(tail) - 1))  # negative: tokens to remove
+                    nll -= float(lt.gather(1, torch.tensor(tail[1:], device=lt.device)[:, None]).sum())
+                out[j].append(nll)
+            cache.crop(-len(q))
     return out
 
 
