@@ -307,9 +307,11 @@ def reductions(res: dict) -> list[str]:
         red.append(f"{c.get('prime_test', 2_000):,} test inputs (not 10,000) for {' and '.join(PRIME_TASKS)}")
     icl = res.get("icl") or {}
     n_icl = len({r["task"] for r in icl.get("rows", [])})
-    if n_icl < 13:
-        red.append(f"in-context learning on {n_icl} of the 13 tasks" + (" (every query costs a forward pass over "
-                   "a prompt of ~8,000 tokens with the 135M model)" if n_icl else ""))
+    if n_icl == 0:
+        red.append("in-context learning not run")
+    elif n_icl < 13:
+        red.append(f"in-context learning on {n_icl} of the 13 tasks" + " (every query costs a forward pass over "
+                   "a prompt of ~8,000 tokens with the 135M model)")
     if any(r.get("train_in_prompt", 100) < 100 for r in icl.get("rows", [])):
         red.append("ICL prompts hold only the training examples that fit SmolLM2's 8,192-token context "
                    "(column 'examples')")
@@ -366,7 +368,7 @@ def write_md(res: dict, path: Path) -> None:
         L += [f"- {part}: `{cmd}`" for part, cmd in cmds.items()]
         L.append("")
     else:
-        L += [f"Command: `{res['command']}`", ""]
+        L += [f"Command: `{res.get('command', '')}`", ""]
     if res.get("reductions"):
         L += ["**Reductions against the issue's protocol:** " + "; ".join(res["reductions"]), ""]
     c = res.get("classical")
@@ -504,44 +506,57 @@ def main(argv=None) -> dict:
         print(f"[{time.time() - start:7.1f}s] {msg}", file=sys.stderr, flush=True)
 
     out = Path(a.out)
-    prev = json.loads(out.with_suffix(".json").read_text()) if out.with_suffix(".json").is_file() else {}
-    res = dict(prev)
-    res["command"] = "python benchmarks/learn_program.py " + " ".join(argv if argv is not None else sys.argv[1:])
-    res["model"] = a.model
+    command = "python benchmarks/learn_program.py " + " ".join(argv if argv is not None else sys.argv[1:])
+
+    def load() -> dict:
+        f = out.with_suffix(".json")
+        return json.loads(f.read_text()) if f.is_file() else {}
+
+    def save(res: dict) -> None:
+        f = out.with_suffix(".json")
+        tmp = f.with_suffix(".json.tmp")
+        tmp.write_text(json.dumps(res, indent=2, default=str) + "\n")
+        tmp.replace(f)  # atomic: a concurrent run never reads a half-written file
+
+    # Each part's result is merged into the JSON as it is when the part ends (re-read then), so two runs of
+    # different parts (say the proposer and the icl part) can share one results file.
     with tempfile.TemporaryDirectory(prefix="lp-bench-") as tmp:
         work = Path(tmp)
         for part in parts:
             t0 = time.time()
             if part == "classical":
-                c = part_classical(a, log)
-                if a.tasks and prev.get("classical"):
-                    old = prev["classical"]
-                    covers_primes = all(t in a.tasks.split(",") for t in PRIME_TASKS)
-                    c = {**old, "prime_test": a.prime_test if covers_primes else old.get("prime_test", 2_000),
-                         "rows": merge_rows(old["rows"], c["rows"])}
-                res["classical"] = c
+                value = part_classical(a, log)
             elif part == "icl":
-                c = part_icl(a, log)
-                if prev.get("icl"):
-                    c["rows"] = merge_rows(prev["icl"]["rows"], c["rows"])
-                res["icl"] = c
+                value = part_icl(a, log)
             elif part == "proposer":
-                res["proposer"] = part_proposer(a, log, work)
+                value = part_proposer(a, log, work)
             elif part == "sanity":
-                res["sanity"] = part_sanity(a, log, work)
+                value = part_sanity(a, log, work)
             elif part == "replay":
-                res["replay"] = part_replay(a, log, work)
+                value = part_replay(a, log, work)
             elif part == "sandbox":
-                res["sandbox"] = part_sandbox(a, log, work)
+                value = part_sandbox(a, log, work)
             else:
                 ap.error(f"unknown part {part!r}")
+            res = load()
+            old = res.get(part)
+            if part == "classical" and a.tasks and old:
+                covers_primes = all(t in a.tasks.split(",") for t in PRIME_TASKS)
+                value = {**old, "prime_test": a.prime_test if covers_primes else old.get("prime_test", 2_000),
+                         "rows": merge_rows(old["rows"], value["rows"])}
+            elif part == "icl" and old:
+                value["rows"] = merge_rows(old["rows"], value["rows"])
+            res[part] = value
+            res["model"] = a.model
             res.setdefault("part_seconds", {})[part] = round(time.time() - t0, 1)
-            res.setdefault("part_commands", {})[part] = res["command"]
-            out.with_suffix(".json").write_text(json.dumps(res, indent=2, default=str) + "\n")
+            res.setdefault("part_commands", {})[part] = command
+            save(res)
+    res = load()
+    res.pop("command", None)
     res["reductions"] = reductions(res)
     res["wall_seconds"] = sum(res.get("part_seconds", {}).values())
     res["machine"] = f"{platform.machine()}, {os.cpu_count()} CPUs, torch {torch.__version__}"
-    out.with_suffix(".json").write_text(json.dumps(res, indent=2, default=str) + "\n")
+    save(res)
     write_md(res, out.with_suffix(".md"))
     plot(res, out.with_suffix(".png"))
     log(f"wrote {out}.json/.md/.png")
