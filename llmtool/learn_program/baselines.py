@@ -14,7 +14,7 @@ Reconstructed choices (ours):
   and take the likelier one (deterministic, never unparsable); ``--queries`` test inputs (paper: 100).
   When the examples do not fit the model's context (``max_position_embeddings``) with the longest query,
   the first ones that fit are kept and ``train_in_prompt`` in the report says how many (SmolLM2's 8,192
-  tokens hold 78 of the 100 L = 100 binary examples: one token per digit).
+  tokens hold 76 of the 100 L = 100 binary examples, one token per digit, and 12 graph ones).
 """
 
 from __future__ import annotations
@@ -252,6 +252,17 @@ class ICLConfig(MethodConfig):
         return res
 
 
+def common_prefix_len(seqs: list[list[int]]) -> int:
+    """How many leading tokens all of ``seqs`` share."""
+    n = min(len(x) for x in seqs)
+    for x in seqs[1:]:
+        i = 0
+        while i < n and x[i] == seqs[0][i]:
+            i += 1
+        n = i
+    return n
+
+
 def answer_nll(model, tokenizer, prompts: list[str], answers: list[str]) -> list[list[float]]:
     """Summed NLL of each answer after each prompt: ``out[a][i]`` for answer a and prompt i.
 
@@ -270,19 +281,9 @@ def answer_nll(model, tokenizer, prompts: list[str], answers: list[str]) -> list
     aids = [tokenizer(a, add_special_tokens=False)["input_ids"] for a in answers]
     if not pids:
         return [[] for _ in answers]
-    shared = min(len(p) for p in pids) - 1
-    for p in pids[1:]:
-        i = 0
-        while i < shared and p[i] == pids[0][i]:
-            i += 1
-        shared = i
-    common = min(len(a) for a in aids)
-    for a in aids[1:]:
-        i = 0
-        while i < common and a[i] == aids[0][i]:
-            i += 1
-        common = i
-    common = min(common, min(len(a) for a in aids) - 1) if aids else 0  # every answer keeps >= 1 own token
+    # every prompt keeps >= 1 token of its own (its last predicts the answer), every answer >= 1 own token
+    shared = min(common_prefix_len(pids), min(len(p) for p in pids) - 1)
+    common = min(common_prefix_len(aids), min(len(a) for a in aids) - 1)
     dev = next(model.parameters()).device
     cache = None
     if shared > 0:
@@ -299,10 +300,9 @@ def answer_nll(model, tokenizer, prompts: list[str], answers: list[str]) -> list
     with torch.no_grad():
         for p in pids:
             q = p[shared:] + aids[0][:common]
-            lp = torch.log_softmax(run(q), dim=-1)
-            # lp[t] predicts q[t + 1]; the answer starts at index len(p) - shared of q
-            start = len(p) - shared
-            base = -float(sum(lp[start - 1 + i, aids[0][i]] for i in range(common)))
+            # only the rows that predict answer tokens: row i predicts the answer's token i
+            lp = torch.log_softmax(run(q)[len(p) - shared - 1:], dim=-1)
+            base = -float(sum(lp[i, aids[0][i]] for i in range(common)))
             for j, a in enumerate(aids):
                 tail = a[common:]
                 nll = base - float(lp[-1, tail[0]])
