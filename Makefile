@@ -70,7 +70,7 @@ bench-train-adagc-full: setup  # the issue's protocol (AdamW and Lion, ~4 h wall
 	$(PY) benchmarks/train_adagc.py --steps 3000 --seeds 3 --batch-size 4 --optimizers adamw,lion,muon --workers 2 --threads 1 \
 		--overhead-steps 60 --out benchmarks/results/train_adagc_full
 bench-learn-program: setup
-	$(PY) benchmarks/learn_program.py --threads 2
+	$(PY) benchmarks/learn_program.py --k 64 --batch-size 32 --threads 2
 bench-agent: setup
 	$(PY) benchmarks/bench_agent.py
 

@@ -38,6 +38,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shlex
 import statistics
 import sys
 import tempfile
@@ -91,7 +92,7 @@ def part_classical(a, log) -> dict:
     for task in a.transformer_tasks.split(","):
         if not task:
             continue
-        for seed in range(a.transformer_seeds):
+        for seed in range(a.transformer_first_seed, a.transformer_first_seed + a.transformer_seeds):
             ds = generate(task, 100, 100, 100, 10_000, seed=42 + seed)
             t0 = time.time()
             r = run_baseline(BASELINES.build("transformer", epochs=a.transformer_epochs), ds, seed=seed)
@@ -110,8 +111,8 @@ def _task_list(arg: str, known) -> list[str]:
 
 
 def merge_rows(prev: list[dict], new: list[dict], keys=("task", "method")) -> list[dict]:
-    """``new`` rows plus the previous rows of every (task, method) that this run did not measure, so a run on
-    a few tasks refreshes those and keeps the rest."""
+    """``new`` rows plus the previous rows of every ``keys`` tuple (say task and method) that this run did not
+    measure, so a run on a few tasks (or, keyed by seed too, a few seeds) refreshes those and keeps the rest."""
     done = {tuple(r.get(k) for k in keys) for r in new}
     return [r for r in prev if tuple(r.get(k) for k in keys) not in done] + new
 
@@ -300,9 +301,10 @@ def reductions(res: dict) -> list[str]:
     c = res.get("classical") or {}
     tf = [r for r in c.get("rows", []) if r["method"] == "transformer"]
     if tf:
-        tasks, seeds = sorted({r["task"] for r in tf}), {r["seed"] for r in tf}
-        if len(tasks) < 13 or len(seeds) < 5:
-            red.append(f"the SGD transformer on {len(tasks)} task(s) ({', '.join(tasks)}) with {len(seeds)} seed(s)")
+        per_task = {t: len({r["seed"] for r in tf if r["task"] == t}) for t in sorted({r["task"] for r in tf})}
+        if len(per_task) < 13 or min(per_task.values()) < 5:
+            red.append(f"the SGD transformer on {len(per_task)} task(s) (seeds: "
+                       + ", ".join(f"{t} {n}" for t, n in per_task.items()) + ")")
     if c and c.get("prime_test", 2_000) < 10_000:
         red.append(f"{c.get('prime_test', 2_000):,} test inputs (not 10,000) for {' and '.join(PRIME_TASKS)}")
     icl = res.get("icl") or {}
@@ -364,8 +366,11 @@ def write_md(res: dict, path: Path) -> None:
     L = ["# learn-program benchmark (LLM-PV)", ""]
     cmds = res.get("part_commands") or {}
     if cmds:
-        L += ["Commands (each part's latest run; a part keeps its results until it is rerun):", ""]
-        L += [f"- {part}: `{cmd}`" for part, cmd in cmds.items()]
+        L += ["Commands (a part keeps its results until it is rerun; a partial rerun lists its command after those "
+              "whose rows it kept):", ""]
+        for part, cmd in cmds.items():
+            cmd = [cmd] if isinstance(cmd, str) else cmd
+            L.append(f"- {part}: " + "; then ".join(f"`{c}`" for c in cmd))
         L.append("")
     else:
         L += [f"Command: `{res.get('command', '')}`", ""]
@@ -431,7 +436,8 @@ def write_md(res: dict, path: Path) -> None:
               "| program | blocked | how |", "|---|---|---|"]
         L += [f"| {x.get('name')} | {'yes' if x.get('blocked') else '**no**'} | {how(x)} |" for x in s["records"]]
         L.append("")
-    L.append(f"Wall time: {res.get('wall_seconds', 0) / 60:.1f} min ({res.get('machine')}).")
+    L.append(f"Compute time, summed over the parts' runs: {res.get('wall_seconds', 0) / 60:.1f} min "
+             f"({res.get('machine')}).")
     path.write_text("\n".join(L) + "\n")
 
 
@@ -483,6 +489,8 @@ def main(argv=None) -> dict:
     ap.add_argument("--methods", default="xgboost,random-forest,logreg,mlp")
     ap.add_argument("--transformer-tasks", default="parity_all,patternmatch1,palindrome,dyck2")
     ap.add_argument("--transformer-seeds", type=int, default=1)
+    ap.add_argument("--transformer-first-seed", type=int, default=0,
+                    help="first transformer seed (a --tasks rerun with seeds N.. adds them to the stored ones)")
     ap.add_argument("--transformer-epochs", type=int, default=200)
     ap.add_argument("--model", default="smollm2-135m")
     ap.add_argument("--k", type=int, default=8, help="proposals per task (issue: 64)")
@@ -506,7 +514,7 @@ def main(argv=None) -> dict:
         print(f"[{time.time() - start:7.1f}s] {msg}", file=sys.stderr, flush=True)
 
     out = Path(a.out)
-    command = "python benchmarks/learn_program.py " + " ".join(argv if argv is not None else sys.argv[1:])
+    command = "python benchmarks/learn_program.py " + shlex.join(argv if argv is not None else sys.argv[1:])
 
     def load() -> dict:
         f = out.with_suffix(".json")
@@ -540,16 +548,22 @@ def main(argv=None) -> dict:
                 ap.error(f"unknown part {part!r}")
             res = load()
             old = res.get(part)
+            merged = bool(old) and ((part == "classical" and a.tasks) or part == "icl")
             if part == "classical" and a.tasks and old:
                 covers_primes = all(t in a.tasks.split(",") for t in PRIME_TASKS)
                 value = {**old, "prime_test": a.prime_test if covers_primes else old.get("prime_test", 2_000),
-                         "rows": merge_rows(old["rows"], value["rows"])}
+                         "rows": merge_rows(old["rows"], value["rows"], keys=("task", "method", "seed"))}
             elif part == "icl" and old:
                 value["rows"] = merge_rows(old["rows"], value["rows"])
             res[part] = value
             res["model"] = a.model
-            res.setdefault("part_seconds", {})[part] = round(time.time() - t0, 1)
-            res.setdefault("part_commands", {})[part] = command
+            secs = res.setdefault("part_seconds", {})  # a merging rerun adds its time to the kept rows' time
+            secs[part] = round((secs.get(part, 0.0) if merged else 0.0) + time.time() - t0, 1)
+            cmds = res.setdefault("part_commands", {})
+            before = cmds.get(part) or []
+            before = [before] if isinstance(before, str) else before
+            # a merging rerun adds its command to those that produced the rows it kept
+            cmds[part] = (before + [command] if command not in before else before) if merged else [command]
             save(res)
     res = load()
     res.pop("command", None)

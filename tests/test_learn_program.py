@@ -347,12 +347,16 @@ def test_benchmark_partial_reruns_keep_other_rows_and_reductions_follow_the_stor
     rows = bench.merge_rows(prev, new)
     assert [r["test_acc"] for r in rows if r["method"] == "xgboost"] == [0.5, 0.7, 0.7]
     assert any(r["method"] == "transformer" for r in rows)
+    more = [{"task": "prime_decimal", "method": "transformer", "seed": s, "test_acc": 0.5} for s in (0, 1)]
+    by_seed = bench.merge_rows(rows, more, keys=("task", "method", "seed"))  # seeds 0-1 replaced, xgboost kept
+    assert sorted((r["method"], r["seed"], r["test_acc"]) for r in by_seed if r["task"] == "prime_decimal") == [
+        ("transformer", 0, 0.5), ("transformer", 1, 0.5), ("xgboost", 0, 0.7), ("xgboost", 1, 0.7)]
     res = {"proposer": {"k": 64, "max_new_tokens": 192}, "sanity": {"k": 8},
            "classical": {"prime_test": 10_000, "rows": rows},
            "icl": {"rows": [{"task": t, "train_in_prompt": 100} for t in bench.PROPOSER_TASKS]}}
     red = " ".join(bench.reductions(res))
     assert "sanity: k = 8" in red and "proposer: k" not in red and "test inputs" not in red
-    assert "transformer on 1 task(s)" in red and "4 of the 13" in red and "token context" not in red
+    assert "transformer on 1 task(s) (seeds: prime_decimal 1)" in red and "4 of the 13" in red and "token context" not in red
     res["classical"]["prime_test"] = 2_000
     res["icl"]["rows"][0]["train_in_prompt"] = 76
     red = " ".join(bench.reductions(res))
