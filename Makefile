@@ -66,7 +66,7 @@ bench-train-adagc: setup
 	$(PY) benchmarks/train_adagc.py --steps 500 --fault-step 200 --window 200 --seeds 2 --batch-size 4 --optimizers adamw --workers 2
 	$(PY) benchmarks/train_adagc.py --steps 500 --fault-step 200 --window 200 --seeds 1 --batch-size 4 --optimizers lion \
 		--arms none,global,adagc --faults garbage,lr --workers 2 --overhead-steps 0 --out benchmarks/results/train_adagc_lion
-bench-train-adagc-full: setup  # the issue's protocol (AdamW and Lion, ~4 h wall on 2 cores; resumable through the runs file)
+bench-train-adagc-full: setup  # the issue's protocol (AdamW, Lion and Muon: 180 runs, 14.5 h of training on 2 workers; resumable through the runs file)
 	$(PY) benchmarks/train_adagc.py --steps 3000 --seeds 3 --batch-size 4 --optimizers adamw,lion,muon --workers 2 --threads 1 \
 		--overhead-steps 60 --out benchmarks/results/train_adagc_full
 bench-learn-program: setup

@@ -368,9 +368,7 @@ def write_md(res: dict, path: Path) -> None:
     if cmds:
         L += ["Commands (a part keeps its results until it is rerun; a partial rerun lists its command after those "
               "whose rows it kept):", ""]
-        for part, cmd in cmds.items():
-            cmd = [cmd] if isinstance(cmd, str) else cmd
-            L.append(f"- {part}: " + "; then ".join(f"`{c}`" for c in cmd))
+        L += [f"- {part}: " + "; then ".join(f"`{c}`" for c in cmd) for part, cmd in cmds.items()]
         L.append("")
     else:
         L += [f"Command: `{res.get('command', '')}`", ""]
@@ -549,21 +547,20 @@ def main(argv=None) -> dict:
             res = load()
             old = res.get(part)
             merged = bool(old) and ((part == "classical" and a.tasks) or part == "icl")
-            if part == "classical" and a.tasks and old:
+            if merged and part == "classical":
                 covers_primes = all(t in a.tasks.split(",") for t in PRIME_TASKS)
                 value = {**old, "prime_test": a.prime_test if covers_primes else old.get("prime_test", 2_000),
                          "rows": merge_rows(old["rows"], value["rows"], keys=("task", "method", "seed"))}
-            elif part == "icl" and old:
+            elif merged:
                 value["rows"] = merge_rows(old["rows"], value["rows"])
             res[part] = value
             res["model"] = a.model
             secs = res.setdefault("part_seconds", {})  # a merging rerun adds its time to the kept rows' time
             secs[part] = round((secs.get(part, 0.0) if merged else 0.0) + time.time() - t0, 1)
-            cmds = res.setdefault("part_commands", {})
-            before = cmds.get(part) or []
-            before = [before] if isinstance(before, str) else before
             # a merging rerun adds its command to those that produced the rows it kept
-            cmds[part] = (before + [command] if command not in before else before) if merged else [command]
+            cmds = res.setdefault("part_commands", {})
+            before = cmds.get(part, []) if merged else []
+            cmds[part] = before + [command] if command not in before else before
             save(res)
     res = load()
     res.pop("command", None)
