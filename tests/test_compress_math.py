@@ -175,8 +175,19 @@ def test_whitener_overwrite_is_the_same_factor_and_only_then_reuses_the_input():
     plain = whitener_from_covariance(cov, eps=1e-4)
     assert torch.equal(cov, kept)           # the default never modifies its input
     inplace = whitener_from_covariance(cov, eps=1e-4, overwrite=True)
-    assert torch.equal(plain.L, inplace.L) and plain.triangular and inplace.triangular
-    assert not torch.equal(cov, kept)       # overwrite: the regularised matrix was built in cov's storage
+    torch.testing.assert_close(inplace.L, plain.L, rtol=1e-12, atol=1e-14)   # another LAPACK: equal to rounding
+    assert plain.triangular and inplace.triangular
+    assert inplace.L.data_ptr() == cov.data_ptr()   # overwrite on the CPU: the factor is built in cov's storage
+
+
+def test_whitener_overwrite_falls_back_like_the_copying_path_when_not_positive_definite():
+    x, _ = _xw(seed=6, n=10)
+    cov = x.T @ x / x.shape[0]
+    cov[2, 2] = -5.0                          # indefinite: Cholesky fails, the eigen fallback runs on the input
+    plain = whitener_from_covariance(cov, eps=1e-4)
+    inplace = whitener_from_covariance(cov.clone(), eps=1e-4, overwrite=True)
+    assert not plain.triangular and not inplace.triangular
+    torch.testing.assert_close(inplace.L @ inplace.L.T, plain.L @ plain.L.T, rtol=1e-10, atol=1e-12)
 
 
 def test_source_whiteners_share_one_factor_per_input_and_match_per_module():
@@ -194,6 +205,6 @@ def test_source_whiteners_share_one_factor_per_input_and_match_per_module():
     got = [(spec.name, wh) for spec, wh in source_whiteners(stats, [ModuleSpec(n, 4, 6) for n in names], 1e-4)]
     assert [n for n, _ in got] == names
     for n, wh in got:
-        assert torch.equal(wh.L, expected[n])
+        torch.testing.assert_close(wh.L, expected[n], rtol=1e-12, atol=1e-14)
     assert got[0][1] is got[1][1]            # q and k read one input: one whitener
     assert stats.gram == {}                  # every Gram is consumed

@@ -12,6 +12,8 @@ in float64; factors are cast to the model dtype only when stored.
 """
 from __future__ import annotations
 
+import tempfile
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import torch
@@ -75,9 +77,83 @@ class Spectrum:
         return self.a_full[:k].contiguous(), self.b_full[:, :k].contiguous()
 
 
-def whitened_svd(weight: torch.Tensor, whitener: Whitener):
-    """``U, sigma, Vh`` of ``W L`` in float64."""
-    return torch.linalg.svd(whitener.whiten(weight), full_matrices=False)
+WHITEN_CHUNK_ROWS = 256   # rows of W upcast to float64 at a time by the low-memory whitening
+
+
+def canonical_signs(u: torch.Tensor, vh: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Flip each singular pair ``(u_i, v_i)`` (in place) so that the largest-magnitude entry of ``u_i`` is
+    positive: LAPACK drivers may return either sign, and the factors ``B``/``A`` (unlike their product) carry
+    it, so two paths (gesdd in memory, gesvd streamed) then store the same factors."""
+    idx = u.abs().argmax(0)
+    sign = torch.sign(u[idx, torch.arange(u.shape[1], device=u.device)])
+    sign[sign == 0] = 1
+    u.mul_(sign[None, :])
+    vh.mul_(sign[:, None])
+    return u, vh
+
+
+def whiten_rows(weight: torch.Tensor, L: torch.Tensor) -> torch.Tensor:
+    """``W L`` in ``L``'s dtype, ``WHITEN_CHUNK_ROWS`` rows of ``W`` upcast at a time (no whole upcast copy)."""
+    a = torch.empty(weight.shape[0], L.shape[1], dtype=L.dtype, device=L.device)
+    for r in range(0, weight.shape[0], WHITEN_CHUNK_ROWS):
+        torch.matmul(weight[r:r + WHITEN_CHUNK_ROWS].to(L.dtype), L, out=a[r:r + WHITEN_CHUNK_ROWS])
+    return a
+
+
+@contextmanager
+def storage_on_disk(t: torch.Tensor, directory):
+    """Inside the block, the CPU tensor ``t``'s storage is in a file under ``directory`` and its memory is
+    freed; on exit it is read back into a fresh allocation (every view of ``t`` stays valid). A tensor whose
+    storage cannot be resized (memory owned by numpy) or that is not a contiguous CPU tensor is left alone."""
+    from llmtool.compress.lapack_inplace import raw_bytes
+
+    storage = t.untyped_storage()
+    nbytes = storage.nbytes()
+    if directory is None or t.device.type != "cpu" or not t.is_contiguous() or t.numel() * t.element_size() != nbytes \
+            or t.storage_offset() != 0 or not storage.resizable():
+        yield
+        return
+    with tempfile.TemporaryFile(dir=directory) as f:
+        f.write(raw_bytes(t))
+        storage.resize_(0)
+        try:
+            yield
+        finally:
+            storage.resize_(nbytes)
+            f.seek(0)
+            if f.readinto(raw_bytes(t)) != nbytes:
+                raise OSError(f"short read restoring a spilled [{tuple(t.shape)}] tensor")
+
+
+def whitened_svd(weight: torch.Tensor, whitener: Whitener, low_memory=False):
+    """``U, sigma, Vh`` of ``W L`` in float64 (signs canonical, :func:`canonical_signs`).
+
+    ``low_memory`` (the layer-streamed path; CPU only, else ignored): ``W L`` is built by :func:`whiten_rows`
+    and its SVD taken in place (:func:`llmtool.compress.lapack_inplace.svd_`); a directory there also moves
+    ``L`` to a file in it while the SVD runs (:func:`storage_on_disk`), so the ``[n, n]`` factor and the SVD's
+    workspace are never in memory together."""
+    L = whitener.L
+    if low_memory and weight.device.type == "cpu" and L.device.type == "cpu":
+        from llmtool.compress.lapack_inplace import svd_
+
+        a = whiten_rows(weight, L)
+        with storage_on_disk(L, None if low_memory is True else low_memory):
+            u, sigma, vh = svd_(a)
+            del a
+    else:
+        u, sigma, vh = torch.linalg.svd(whitener.whiten(weight), full_matrices=False)
+    u, vh = canonical_signs(u, vh)
+    return u, sigma, vh
+
+
+def unwhiten_rows_(vh: torch.Tensor, whitener: Whitener) -> torch.Tensor:
+    """``Vh L^{-1}``, computed in ``vh``'s storage for a CPU Cholesky factor
+    (:func:`llmtool.compress.lapack_inplace.solve_right_lower_`), else :meth:`Whitener.unwhiten`."""
+    if vh.device.type == "cpu" and whitener.triangular and whitener.L.device.type == "cpu":
+        from llmtool.compress.lapack_inplace import solve_right_lower_
+
+        return solve_right_lower_(vh, whitener.L)
+    return whitener.unwhiten(vh)
 
 
 def split_factors(u: torch.Tensor, sigma: torch.Tensor, vh: torch.Tensor, k: int,

@@ -7,31 +7,40 @@ factors of every module until the save (about 4x the weights). Here:
 * **Weights**: the model is built on the ``meta`` device (accelerate's ``init_empty_weights``); only the
   parts outside the decoder layers (embeddings, final norm, head, rotary tables) are loaded. Each decoder
   layer is materialised from the safetensors checkpoint when it is needed and sent back to ``meta``
-  afterwards (:class:`LayerStream`).
+  afterwards (:class:`LayerStream`); once a layer's calibration forward is done its target weights go back
+  to ``meta`` and each is re-read from the checkpoint just before its own SVD.
 * **Statistics and bases** (pass 1): the calibration batch is replayed layer by layer
-  (:func:`profile.layer_statistics`). Uniform-rank methods factorise each module at once and write the
-  layer's output shard. Global-selection methods (zs-svd, abs-delta, sigma-global) keep the singular
-  values in memory and write each module's basis to a scratch file next to the output as soon as its SVD is
-  done (one module's ``[n, n]`` float64 whitening matrices at a time, :func:`source_whiteners`): ``U [m, k]`` and
-  ``Q^T = V^T L^{-1} [k, n]``, which give both the factors ``B = U_r diag(sqrt sigma)``,
-  ``A = diag(sqrt sigma) Q^T_r`` and the singular-value gradient.
+  (:func:`profile.layer_statistics`), in two forwards per layer on the CPU: one for the widest input (the
+  MLP down projection's, 19 MB of float64 Gram at the default model) and one for the others, each pass's
+  Grams written to the scratch directory as soon as the pass ends, so at most the widest Gram is in memory
+  next to the layer. Uniform-rank methods factorise each module at once and write the layer's output
+  shard. Global-selection methods (zs-svd, abs-delta, sigma-global) keep the singular values in memory and
+  write each module's basis to a scratch file next to the output as soon as its SVD is done
+  (:func:`source_whiteners` reads one Gram back at a time and factors it in its own storage): ``U [m, k]``
+  and ``Q^T = V^T L^{-1} [k, n]``, which give both the factors ``B = U_r diag(sqrt sigma)``,
+  ``A = diag(sqrt sigma) Q^T_r`` and the singular-value gradient. The SVD is taken in place
+  (:mod:`lapack_inplace`) while ``L`` waits in a scratch file (:func:`factorize.storage_on_disk`), and
+  ``Q^T`` is solved in ``V^T``'s storage.
 * **Gradients** (pass 2, zs-svd and abs-delta): the official code's "efficient importance". With
   ``W = A L^{-1}`` and ``A = U diag(sigma) V^T``, ``g_i = u_i^T G L^{-T} v_i = u_i^T G q_i`` with
   ``q_i`` the i-th column of ``Q = L^{-T} V``, so each weight gradient ``G`` is reduced to the r-vector
-  ``diag(U^T G Q)`` as soon as it exists and then dropped. The backward pass is layer-wise gradient
-  checkpointing: a no-grad forward keeps each layer's input hidden states (``[T, d]`` per layer), the
-  head's loss gives ``dL/dh`` of the last layer, and going back, each layer is materialised, re-run with
-  autograd on its stored input, and ``autograd.grad`` returns its weight gradients and ``dL/dh`` of its
-  input. One gradient sequence ("window") at a time; the score is the mean over windows (equal token
-  counts, so it equals the gradient of the mean loss), and the report gives the predicted loss change
-  of the chosen truncation under each window separately (``gradient_windows``): the window spread.
+  ``diag(U^T G Q)`` (:func:`singular_value_scores`, a block of components at a time) as soon as it exists
+  and then dropped. The backward pass is layer-wise gradient checkpointing to disk: a no-grad forward
+  writes each layer's input hidden states (``[T, d]``) to the scratch directory, the head's loss gives
+  ``dL/dh`` of the last layer, and going back, each layer's input is read back, the layer materialised and
+  re-run with autograd, and ``autograd.grad`` returns its weight gradients and ``dL/dh`` of its input. One
+  gradient sequence ("window") at a time; the score is the mean over windows (equal token counts, so it
+  equals the gradient of the mean loss), and the report gives the predicted loss change of the chosen
+  truncation under each window separately (``gradient_windows``): the window spread.
 * **Output** (pass 3, after the global selection): one safetensors shard per decoder layer plus one for
   the rest, with an HF index, written layer by layer; restored (dense) modules are copied from the
   source checkpoint. The format is :mod:`lowrank`'s, identical to the in-memory pipeline's.
 
 Peak memory is the non-layer weights (for small models the tied embedding dominates), one layer's
-weights and gradients, one layer's calibration activations (``samples x seqlen x d``, twice), one
-layer's statistics and bases, and the stored hidden states of one gradient window.
+weights, one layer's calibration activations (``samples x seqlen x d``, twice), the widest input's Gram,
+and one module's SVD (its whitened weight, the outputs and LAPACK's workspace) or one module's ``L`` with
+its basis; the gradient pass needs less (two hidden states, one layer's weights and gradients).
+On a GPU (``--device cuda``) the statistics stay on the device and the torch.linalg path is used.
 
 Not streamed (refused with a one-line error): ``fwsvd`` (its Fisher weight needs every squared
 gradient entry) and multi-stage runs (``--correction pull-subspace``: the correction needs the loss
@@ -52,7 +61,7 @@ from pathlib import Path
 
 import torch
 
-from llmtool.compress.factorize import ModuleSpec, split_factors, whitened_svd
+from llmtool.compress.factorize import ModuleSpec, split_factors, unwhiten_rows_, whitened_svd
 from llmtool.compress.pipeline import CompressionResult, StageReport, _kmax, _specs
 from llmtool.compress.profile import layer_statistics
 from llmtool.compress.whitening import whitener_from_covariance
@@ -76,15 +85,19 @@ def _glibc():
         return None
 
 
+MMAP_THRESHOLD = 64 << 10   # bytes: allocations from this size up get their own mappings
+
+
 def release_large_frees() -> None:
-    """Serve allocations of 1 MiB and more with their own mappings, returned to the OS when freed (glibc
-    only; elsewhere nothing happens). glibc otherwise raises its mmap threshold after the first large
-    free and keeps later layer-sized buffers in its heap, so a run that loads and frees one layer after
-    another grows by fragments; measured on the default model: peak 937 MB -> 856 MB after 4 layers,
-    flat afterwards."""
+    """Serve allocations of ``MMAP_THRESHOLD`` (64 KiB) and more with their own mappings, returned to the OS
+    when freed (glibc only; elsewhere nothing happens). glibc otherwise raises its mmap threshold after the
+    first large free and keeps later layer-sized buffers in its heap, so a run that loads and frees one layer
+    after another grows by fragments; measured on the default model: peak 937 MB -> 856 MB after 4 layers,
+    flat afterwards (threshold 1 MiB), and a further 12 MB less with 64 KiB (the [576]-to-[192, 576] tensors
+    of a layer no longer fragment the heap), at no measurable cost in time."""
     libc = _glibc()
     if libc is not None and hasattr(libc, "mallopt"):
-        libc.mallopt(-3, 1 << 20)   # M_MMAP_THRESHOLD (fixes it, which also stops the dynamic raise)
+        libc.mallopt(-3, MMAP_THRESHOLD)   # M_MMAP_THRESHOLD (fixes it, which also stops the dynamic raise)
 
 
 def trim_heap() -> None:
@@ -164,6 +177,10 @@ class LayerStream:
         refuse_nonfinite(self.src, key, t)
         return t.to(self.dtype)
 
+    def read_to_device(self, key: str) -> torch.Tensor:
+        """:meth:`read` on the run's device."""
+        return self.read(key).to(self.device)
+
     def _set(self, module, name: str, value) -> None:
         from accelerate.utils import set_module_tensor_to_device
 
@@ -223,10 +240,12 @@ def _basis_dtype(dtype: torch.dtype) -> torch.dtype:
     return torch.float64 if dtype == torch.float64 else torch.float32
 
 
-def whitened_basis(weight: torch.Tensor, whitener):
-    """``(U [m, k], sigma [k], Q^T = V^T L^{-1} [k, n])`` of ``W L = U diag(sigma) V^T`` (float64)."""
-    u, sigma, vh = whitened_svd(weight, whitener)
-    return u, sigma, whitener.unwhiten(vh)
+def whitened_basis(weight: torch.Tensor, whitener, spill_dir: Path | None = None):
+    """``(U [m, k], sigma [k], Q^T = V^T L^{-1} [k, n])`` of ``W L = U diag(sigma) V^T`` (float64); on the CPU
+    with in-place LAPACK (the SVD destroys ``W L``, ``Q^T`` is solved in ``V^T``'s storage) and, with
+    ``spill_dir``, ``L`` in a file there while the SVD runs (:func:`whitened_svd`)."""
+    u, sigma, vh = whitened_svd(weight, whitener, low_memory=spill_dir or True)
+    return u, sigma, unwhiten_rows_(vh, whitener)
 
 
 def basis_path(scratch: Path, module: str) -> Path:
@@ -238,17 +257,20 @@ def basis_path(scratch: Path, module: str) -> Path:
 def source_whiteners(stats, layer_specs: list[ModuleSpec], eps: float):
     """``(spec, whitener)`` for each module of a layer, in order, with one whitener per statistics source
     (q/k/v share the attention-norm output, gate/up the MLP-norm output): the same ``L`` as one whitener per
-    module, computed once. A source's Gram matrix is divided in place and dropped from ``stats`` when its
-    whitener is made, and the whitener is dropped after the source's last module, so one source's
-    ``[n, n]`` float64 matrices are alive at a time (at the 1536-wide MLP input: Gram, symmetrised copy and
-    Cholesky factor, 19 MB each)."""
+    module, computed once. A source's Gram matrix is taken from ``stats`` (or read back from the file
+    :func:`profile.layer_statistics` spilled it to) and divided in place when its whitener is made, and the
+    whitener is dropped after the source's last module, so one source's ``[n, n]`` float64 matrix is alive
+    at a time (on the CPU the factor is computed in the Gram's own storage)."""
+    from llmtool.compress.lapack_inplace import read_raw
     from llmtool.compress.profile import statistics_source
 
     groups: dict[str, list[ModuleSpec]] = {}
     for spec in layer_specs:
         groups.setdefault(statistics_source(spec.name), []).append(spec)
+    spilled = getattr(stats, "spilled", {})
     for source, group in groups.items():
-        cov = stats.gram.pop(source).div_(max(1, stats.count[source]))   # == stats.covariance(), in place
+        cov = read_raw(*spilled.pop(source)) if source in spilled else stats.gram.pop(source)
+        cov.div_(max(1, stats.count[source]))                 # == stats.covariance(), in place
         whitener = whitener_from_covariance(cov, eps, overwrite=True)
         del cov
         for spec in group:
@@ -306,11 +328,36 @@ def _head_gradient(model, last: torch.Tensor, ids: torch.Tensor) -> torch.Tensor
     return grad
 
 
+SCORE_CHUNK = 128   # components whose float64 ``u_i^T G`` rows exist at a time in :func:`singular_value_scores`
+
+
+def singular_value_scores(u: torch.Tensor, qt: torch.Tensor, grad: torch.Tensor) -> torch.Tensor:
+    """``g_i = u_i^T G q_i`` for every component i (float64, on ``grad``'s device), ``SCORE_CHUNK`` components
+    at a time: ``diag(U^T G Q)`` without the ``[k, n]`` products (and their float64 copies) whole. Equal to
+    ``((u.T @ G) * qt).sum(1)`` in float64 to rounding."""
+    g = grad.to(torch.float64)
+    out = torch.empty(u.shape[1], dtype=torch.float64, device=g.device)
+    for a in range(0, u.shape[1], SCORE_CHUNK):
+        b = min(u.shape[1], a + SCORE_CHUNK)
+        rows = u[:, a:b].to(device=g.device, dtype=torch.float64).T @ g
+        out[a:b] = (rows * qt[a:b].to(device=g.device, dtype=torch.float64)).sum(1)
+    return out
+
+
+def _hidden_path(scratch: Path, i: int) -> Path:
+    return scratch / f"hidden-{i:05d}.safetensors"
+
+
 @torch.no_grad()
 def _gradient_scores(stream: LayerStream, specs: list[list[ModuleSpec]], grad_ids: torch.Tensor,
                      scratch: Path) -> list[dict[str, torch.Tensor]]:
-    """Per gradient window (sequence): ``{module: g [k]}`` with ``g_i = u_i^T G q_i``, float64."""
-    from safetensors.torch import load_file
+    """Per gradient window (sequence): ``{module: g [k]}`` with ``g_i = u_i^T G q_i``, float64.
+
+    The layer inputs of the no-grad forward are written to the scratch directory as they are produced and
+    read back one at a time going backwards (checkpointing to disk: two ``[T, d]`` hidden states in memory,
+    not one per layer); each layer's weights are dropped before its gradients are scored, and each
+    gradient as soon as its r-vector exists."""
+    from safetensors.torch import load_file, save_file
 
     from llmtool.core.calib import first_layer_inputs
     from llmtool.core.hooks import hidden_of
@@ -321,34 +368,36 @@ def _gradient_scores(stream: LayerStream, specs: list[list[ModuleSpec]], grad_id
     n_layers = len(stream.layers)
     for row in progress(list(grad_ids), "gradients (windows)"):
         (h, kw), = first_layer_inputs(model, row[None])
-        inputs = [h]
         for i in range(n_layers):
+            save_file({"h": h.contiguous()}, str(_hidden_path(scratch, i)))
             with stream.layer(i) as layer:
-                inputs.append(hidden_of(layer(inputs[-1], **kw)).detach())
-        grad_h = _head_gradient(model, inputs[-1], row[None].to(inputs[-1].device))
+                h = hidden_of(layer(h, **kw)).detach()
+        grad_h = _head_gradient(model, h, row[None].to(h.device))
+        del h
         scores: dict[str, torch.Tensor] = {}
         for i in reversed(range(n_layers)):
             names = [s.name for s in specs[i]]
+            h_in = load_file(str(_hidden_path(scratch, i)), device=str(grad_h.device))["h"]
+            _hidden_path(scratch, i).unlink()
             with stream.layer(i) as layer:
                 weights = [modules[n].weight for n in names]
                 for w in weights:
                     w.requires_grad_(True)
-                h_in = inputs[i].detach().requires_grad_(i > 0)
+                h_in.requires_grad_(i > 0)
                 with torch.enable_grad():
                     out = hidden_of(layer(h_in, **kw))
-                    grads = torch.autograd.grad(out, ([h_in] if i > 0 else []) + weights, grad_outputs=grad_h)
+                    grads = list(torch.autograd.grad(out, ([h_in] if i > 0 else []) + weights,
+                                                     grad_outputs=grad_h))
                 for w in weights:
                     w.requires_grad_(False)
+                del weights, out, h_in     # the layer's weights go back to meta on exit: hold no reference
             if i > 0:
-                grad_h, grads = grads[0].detach(), grads[1:]
-            for name, g in zip(names, grads):
+                grad_h = grads.pop(0).detach()
+            for name in names:
+                g = grads.pop(0)
                 basis = load_file(str(basis_path(scratch, name)))
-                u = basis["u"].to(device=g.device, dtype=torch.float64)
-                qt = basis["qt"].to(device=g.device, dtype=torch.float64)
-                scores[name] = ((u.T @ g.to(torch.float64)) * qt).sum(1).cpu()
-                del basis, u, qt
-            del grads
-            inputs[i + 1] = None
+                scores[name] = singular_value_scores(basis["u"], basis["qt"], g).cpu()
+                del basis, g
         windows.append(scores)
     return windows
 
@@ -367,7 +416,6 @@ def compress_streamed(src: Path, out_dir: Path, cfg, calib_ids, grad_ids, dtype:
     model = stream.model
     specs = _specs(model)
     flat = [s for layer in specs for s in layer]
-    modules = dict(model.named_modules())
     eps = getattr(cfg, "eps", 0.0)
     n_layers = len(stream.layers)
     writer = ShardWriter(out_dir, n_layers + 1)
@@ -385,7 +433,7 @@ def compress_streamed(src: Path, out_dir: Path, cfg, calib_ids, grad_ids, dtype:
     if method.needs_gram or method.needs_abs_mean:
         per_layer = layer_statistics(model, calib_ids, STREAM_BATCH, gram=method.needs_gram,
                                      abs_mean=method.needs_abs_mean, layer_context=stream.layer,
-                                     chunk_rows=STATS_CHUNK_ROWS)
+                                     chunk_rows=STATS_CHUNK_ROWS, spill_dir=scratch if device.type == "cpu" else None)
     else:
         def no_stats():
             for i in progress(range(n_layers), "decomposing (layers)"):
@@ -393,27 +441,30 @@ def compress_streamed(src: Path, out_dir: Path, cfg, calib_ids, grad_ids, dtype:
                     yield None
         per_layer = no_stats()
     for i, stats in enumerate(per_layer):
+        # the layer's forward is done: its target weights go back to meta and are re-read one module at a time
+        for spec in specs[i]:
+            stream.release(i, spec.name)
         if method.uniform:
             replaced = {}
             pairs = (source_whiteners(stats, specs[i], eps) if method.needs_gram
                      else ((spec, None) for spec in specs[i]))
             for spec, whitener in pairs:
-                mod = modules[spec.name]
+                weight = stream.read_to_device(f"{spec.name}.weight")
+                bias = stream.read(f"{spec.name}.bias") if spec.has_bias else None
                 k = _kmax(method, spec, cfg)
-                extra_kw = {} if whitener is None else {"whitener": whitener}
-                sp = method.decompose(spec, mod.weight.detach(), stats, None, eps, k, **extra_kw)
-                del whitener
+                extra_kw = {} if whitener is None else {"whitener": whitener, "low_memory": scratch}
+                sp = method.decompose(spec, weight, stats, None, eps, k, **extra_kw)
+                del whitener, extra_kw, weight   # extra_kw held the source's [n, n] factor into the next layer
                 a, b = sp.factors(k)
                 ranks[spec.name] = k
-                replaced[spec.name] = _lowrank_tensors(a, b, None if mod.bias is None else mod.bias.detach(), dtype)
+                replaced[spec.name] = _lowrank_tensors(a, b, bias, dtype)
                 del sp, a, b
-                stream.release(i, spec.name)
             writer.write(_layer_out(stream, i, replaced))
+            del replaced
         else:
             for spec, whitener in source_whiteners(stats, specs[i], eps):
-                u, sigma, qt = whitened_basis(modules[spec.name].weight.detach(), whitener)
+                u, sigma, qt = whitened_basis(stream.read_to_device(f"{spec.name}.weight"), whitener, scratch)
                 del whitener
-                stream.release(i, spec.name)
                 sigmas[spec.name] = sigma.cpu()
                 save_file({"u": u.to(bdtype).cpu().contiguous(), "qt": qt.to(bdtype).cpu().contiguous()},
                           str(basis_path(scratch, spec.name)))

@@ -53,12 +53,14 @@ def identity_whitener(n: int, device=None) -> Whitener:
 def whitener_from_covariance(cov: torch.Tensor, eps: float = 1e-4, overwrite: bool = False) -> Whitener:
     """Cholesky factor of the regularised covariance, with the eigen fallback.
 
-    ``overwrite=True`` (a float64 ``cov`` the caller no longer needs): the regularised matrix is built in
-    ``cov``'s own storage, so one ``[n, n]`` matrix fewer is alive while the factor is computed (the
-    layer-streamed compression's memory bound); the factor is the same to the bit."""
+    ``overwrite=True`` (a float64 ``cov`` the caller no longer needs; the layer-streamed compression's
+    memory bound): on the CPU the factor is computed in ``cov``'s own storage (:func:`_whitener_in_place`),
+    elsewhere the regularised matrix is built there, so one or two ``[n, n]`` matrices fewer are alive."""
     from llmtool.core.models import all_finite    # (core.models imports transformers: not at import time)
 
     c = cov.to(torch.float64)
+    if overwrite and c is cov and c.device.type == "cpu" and c.is_contiguous():
+        return _whitener_in_place(c, eps)
     if overwrite and c is cov:
         c.add_(c.T.clone())     # symmetrise in place (the transposed view aliases ``c``: add a copy of it)
     else:
@@ -70,5 +72,26 @@ def whitener_from_covariance(cov: torch.Tensor, eps: float = 1e-4, overwrite: bo
     L, info = torch.linalg.cholesky_ex(c)
     if int(info) == 0 and all_finite(L):      # chunked: no [n, n] temporaries next to L and c
         return Whitener(L, True)
+    return _eigen_whitener(c, eps)
+
+
+def _eigen_whitener(c: torch.Tensor, eps: float) -> Whitener:
     evals, evecs = torch.linalg.eigh(c)
     return Whitener(evecs * evals.clamp_min(eps).sqrt()[None, :], False)
+
+
+def _whitener_in_place(c: torch.Tensor, eps: float) -> Whitener:
+    """The same steps as :func:`whitener_from_covariance` with no second ``[n, n]`` matrix: symmetrised by
+    blocks, regularised, then factored in its own storage by LAPACK (:mod:`lapack_inplace`), so the
+    returned ``L`` *is* ``c``. Equal to the copying path to rounding (another LAPACK build)."""
+    from llmtool.compress.lapack_inplace import cholesky_lower_, symmetrize_
+    from llmtool.core.models import all_finite
+
+    symmetrize_(c)
+    torch.nan_to_num_(c, nan=0.0, posinf=0.0, neginf=0.0)
+    c.diagonal().add_(eps)
+    if cholesky_lower_(c):
+        if all_finite(c):
+            return Whitener(c, True)
+        raise FloatingPointError("non-finite Cholesky factor of a finite covariance")
+    return _eigen_whitener(c, eps)
