@@ -67,7 +67,7 @@ from llmtool.compress.profile import layer_statistics
 from llmtool.compress.whitening import whitener_from_covariance
 from llmtool.compress.zs_svd import select_components
 from llmtool.core.console import UsageError, info, progress
-from llmtool.core.evalkit import peak_rss_mb
+from llmtool.core.evalkit import current_rss_mb, peak_rss_mb
 
 
 @functools.lru_cache(maxsize=1)
@@ -134,6 +134,7 @@ class LayerStream:
         from llmtool.core.models import hf_config
 
         self.src, self.dtype, self.device = Path(src), dtype, device
+        self.rss_between_layers: float | None = None   # the most resident memory (MiB) with no layer loaded
         self.ckpt = LazyCheckpoint(self.src)
         config = hf_config(self.src, read_config(self.src))
         with init_empty_weights(include_buffers=False):
@@ -207,6 +208,9 @@ class LayerStream:
             for name in self.layer_keys[i]:
                 self._set(layer, name, None)
             trim_heap()
+            rss = current_rss_mb()
+            if rss is not None:
+                self.rss_between_layers = max(self.rss_between_layers or 0.0, rss)
 
 
 class ShardWriter:
@@ -525,6 +529,7 @@ def compress_streamed(src: Path, out_dir: Path, cfg, calib_ids, grad_ids, dtype:
     result.ranks, result.dense, result.removed_params, result.selection = dict(ranks), restored, removed, sel
     result.seconds = {"total": time.perf_counter() - t_all, **seconds}
     result.peak_rss_mb = peak_rss_mb()
+    extra["rss_between_layers_mb"] = stream.rss_between_layers
     extra["resident_non_layer_bytes"] = sum(t.numel() * t.element_size() for t in
                                             {id(p): p for p in model.parameters() if p.device.type != "meta"}.values())
     return result, extra

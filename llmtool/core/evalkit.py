@@ -68,6 +68,18 @@ def perplexity(model, ids: torch.Tensor, seqlen: int = 512, stride: int | None =
     return PplResult(math.exp(mean), mean, total_tok, len(spans), seqlen, stride)
 
 
+def current_rss_mb() -> float | None:
+    """Resident memory of this process now (MiB; ``VmRSS`` of /proc/self/status), None where there is no /proc."""
+    try:
+        with open("/proc/self/status") as fh:
+            for line in fh:
+                if line.startswith("VmRSS:"):
+                    return int(line.split()[1]) / 1024.0
+    except OSError:
+        pass
+    return None
+
+
 def peak_rss_mb() -> float:
     """Peak resident memory of this process so far (MiB).
 
