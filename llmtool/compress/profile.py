@@ -90,6 +90,8 @@ def layer_statistics(model, ids: torch.Tensor, batch_size: int = 4, gram: bool =
                     write_raw(g, path)
                     stats.spilled[source] = (path, tuple(g.shape), g.dtype)
                     del g
+        if spill_dir is not None:   # the outputs are kept: the layer's inputs are not needed again
+            step.inputs[:] = [(None, kw) for _, kw in step.inputs]
         yield stats
 
 

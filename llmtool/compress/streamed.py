@@ -305,7 +305,7 @@ def _lowrank_tensors(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None
 
 
 HEAD_CHUNK = 32
-STATS_CHUNK_ROWS = 256  # rows of a module input upcast to float64 and added to its Gram at a time
+STATS_CHUNK_ROWS = 64   # rows of a module input upcast to float64 and added to its Gram at a time (0.8 MB at 1536)
 STREAM_BATCH = 1    # calibration sequences per layer forward in pass 1 (the in-memory pipeline: cfg.batch_size);
                     # a batch of 4 x 512 tokens costs ~4x the attention and MLP temporaries for no change in result
 
