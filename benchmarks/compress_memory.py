@@ -142,7 +142,7 @@ def main() -> None:
                    "predicted_dL": rep["stages"][-1]["predicted_delta_loss_factorised"],
                    "window_dL_sd": spread.get("sd")}
             if stream and rep.get("rss_between_layers_mb") is not None:
-                # the resident memory with no layer loaded (after the first layer: code pages, BLAS caches,
+                # the resident memory of pass 1 with no layer loaded (code pages, BLAS caches,
                 # the layer inputs) and what one layer's work adds on top of it
                 row["between_layers_above_baseline_and_non_layer_MB"] = (rep["rss_between_layers_mb"] - base_rss
                                                                          - non_layer / mb)
@@ -201,7 +201,7 @@ def write(args, meta, rows, markdown_table, seconds) -> None:
             f"{meta['non_layer_weights_MB']:.0f} MB of weights outside the layers (tied embedding). `stream_net_MB` = "
             "peak RSS of the streamed run minus both; `stream_net_without_code_MB` the same with the baseline that "
             "leaves out the model code (the earlier tables' definition). `between_layers_MB`: the most resident "
-            "memory of the streamed run with no layer loaded, above the same baseline (code pages of the kernels "
+            "memory of the streamed run's statistics pass with no layer loaded, above the same baseline (code pages of the kernels "
             "that ran, the BLAS libraries' caches, the calibration activations); `layer_working_set_MB` = peak minus "
             "that: what one layer's work adds. `gate_met` is judged on `stream_net_MB`.\n\n")
     (args.out / "compress_memory.md").write_text("# compress memory\n\n" + note + markdown_table(summ, scols)

@@ -134,7 +134,7 @@ class LayerStream:
         from llmtool.core.models import hf_config
 
         self.src, self.dtype, self.device = Path(src), dtype, device
-        self.rss_between_layers: float | None = None   # the most resident memory (MiB) with no layer loaded
+        self.rss_between_layers: float | None = None   # the most resident memory (MiB) at a layer's release
         self.ckpt = LazyCheckpoint(self.src)
         config = hf_config(self.src, read_config(self.src))
         with init_empty_weights(include_buffers=False):
@@ -474,6 +474,8 @@ def compress_streamed(src: Path, out_dir: Path, cfg, calib_ids, grad_ids, dtype:
                           str(basis_path(scratch, spec.name)))
                 del u, qt
     seconds["statistics_and_svd"] = time.perf_counter() - t0
+    # the floor the per-layer work of pass 1 sits on (the gradient pass's layer boundaries hold a layer's gradients)
+    extra["rss_between_layers_mb"] = stream.rss_between_layers
 
     sel = None
     restored: list[str] = []
@@ -529,7 +531,6 @@ def compress_streamed(src: Path, out_dir: Path, cfg, calib_ids, grad_ids, dtype:
     result.ranks, result.dense, result.removed_params, result.selection = dict(ranks), restored, removed, sel
     result.seconds = {"total": time.perf_counter() - t_all, **seconds}
     result.peak_rss_mb = peak_rss_mb()
-    extra["rss_between_layers_mb"] = stream.rss_between_layers
     extra["resident_non_layer_bytes"] = sum(t.numel() * t.element_size() for t in
                                             {id(p): p for p in model.parameters() if p.device.type != "meta"}.values())
     return result, extra
