@@ -83,7 +83,7 @@ WHITEN_CHUNK_ROWS = 256   # rows of W upcast to float64 at a time by the low-mem
 def canonical_signs(u: torch.Tensor, vh: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Flip each singular pair ``(u_i, v_i)`` (in place) so that the largest-magnitude entry of ``u_i`` is
     positive: LAPACK drivers may return either sign, and the factors ``B``/``A`` (unlike their product) carry
-    it, so two paths (gesdd in memory, gesvd streamed) then store the same factors."""
+    it, so two paths (torch's LAPACK in memory, scipy's in place when streamed) store the same factors."""
     idx = u.abs().argmax(0)
     sign = torch.sign(u[idx, torch.arange(u.shape[1], device=u.device)])
     sign[sign == 0] = 1

@@ -66,7 +66,8 @@ def layer_statistics(model, ids: torch.Tensor, batch_size: int = 4, gram: bool =
     ``spill_dir`` right after it (``LayerStatistics.spilled``; :func:`streamed.source_whiteners` reads them
     back), so the widest Gram is never in memory next to the others (at the default model 19 MB instead
     of 27 MB next to the layer's weights and activations), for one more forward of the layer (measured
-    +8 s of 68 s; one forward per source saved nothing more and cost +23 s)."""
+    +9 s on a 68 s run; one forward per source would cost +23 s). The widest input's pass runs first and
+    keeps no outputs; the last pass keeps them, after which the layer's inputs are dropped."""
     from llmtool.compress.lapack_inplace import write_raw
 
     groups = target_names(model)

@@ -26,8 +26,8 @@ class WhitenedSVD:
     def decompose(self, spec: ModuleSpec, weight: torch.Tensor, stats, grad, eps: float, kmax: int,
                   whitener=None, low_memory=False) -> Spectrum:
         """``whitener``: the module's input whitener when the caller already has it (shared by the modules
-        that read one input; the layer-streamed path), else made from ``stats``; ``low_memory`` (False, True or a spill directory) as in
-        :func:`whitened_svd`."""
+        that read one input; the layer-streamed path), else made from ``stats``; ``low_memory`` (False, True
+        or a spill directory) as in :func:`whitened_svd`."""
         if whitener is None:
             whitener = whitener_from_covariance(stats.covariance(spec.name), eps)
         u, sigma, vh = whitened_svd(weight, whitener, low_memory=low_memory)
