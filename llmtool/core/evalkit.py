@@ -68,16 +68,21 @@ def perplexity(model, ids: torch.Tensor, seqlen: int = 512, stride: int | None =
     return PplResult(math.exp(mean), mean, total_tok, len(spans), seqlen, stride)
 
 
-def current_rss_mb() -> float | None:
-    """Resident memory of this process now (MiB; ``VmRSS`` of /proc/self/status), None where there is no /proc."""
+def _proc_status_mb(field: str) -> float | None:
+    """A memory field of /proc/self/status (``VmRSS``, ``VmHWM``) in MiB; None where there is no /proc."""
     try:
         with open("/proc/self/status") as fh:
             for line in fh:
-                if line.startswith("VmRSS:"):
+                if line.startswith(field + ":"):
                     return int(line.split()[1]) / 1024.0
     except OSError:
         pass
     return None
+
+
+def current_rss_mb() -> float | None:
+    """Resident memory of this process now (MiB; ``VmRSS``), None where there is no /proc."""
+    return _proc_status_mb("VmRSS")
 
 
 def peak_rss_mb() -> float:
@@ -87,14 +92,8 @@ def peak_rss_mb() -> float:
     ``getrusage``'s ``ru_maxrss`` is not: Linux carries the pre-exec high-water mark across ``exec``, so a
     process started by a large parent (a benchmark holding a model) reports at least the parent's size at
     the fork (measured: 2.5 GB reported for a 0.7 GB run). ``ru_maxrss`` is the fallback elsewhere."""
-    try:
-        with open("/proc/self/status") as fh:
-            for line in fh:
-                if line.startswith("VmHWM:"):
-                    return int(line.split()[1]) / 1024.0
-    except OSError:
-        pass
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
+    peak = _proc_status_mb("VmHWM")
+    return peak if peak is not None else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
 
 
 @contextmanager
