@@ -77,9 +77,9 @@ def test_canonical_signs_make_the_largest_entry_of_each_left_vector_positive():
 
 @pytest.mark.parametrize("shape", [(300, 40), (40, 300)])
 def test_chunked_singular_value_scores_equal_the_whole_product(shape, monkeypatch):
-    from llmtool.compress import streamed
+    from llmtool.compress import zs_svd
 
-    monkeypatch.setattr(streamed, "SCORE_CHUNK", 7)
+    monkeypatch.setattr(zs_svd, "SCORE_CHUNK", 7)
     g = torch.Generator().manual_seed(7)
     m, n = shape
     k = min(m, n)
@@ -87,7 +87,7 @@ def test_chunked_singular_value_scores_equal_the_whole_product(shape, monkeypatc
     qt = torch.randn(k, n, generator=g)
     grad = torch.randn(m, n, generator=g)
     ref = ((u.double().T @ grad.double()) * qt.double()).sum(1)
-    got = streamed.singular_value_scores(u, qt, grad)
+    got = zs_svd.singular_value_scores(u, qt, grad)
     assert got.dtype == torch.float64
     torch.testing.assert_close(got, ref, rtol=1e-12, atol=1e-12)
 

@@ -12,6 +12,8 @@ the Cholesky, +24-26 MB for the SVD). scipy's LAPACK wrappers can overwrite thei
   of which 12 MB are the outputs; ``SVD_DRIVER = "gesvd"`` needs 8 MB less but took 2.5x the time, 0.47 s
   vs 0.18 s at 576 x 1536 on one thread, which made a whole run 1.5x slower);
 * :func:`solve_right_lower_` computes ``M L^{-1}`` in ``M``'s storage (``trsm``).
+* :func:`symmetrize_` (plain torch, any device) averages a matrix with its transpose by blocks, for the
+  whitening's in-place path.
 
 The numpy views handed to scipy are made from raw pointers (:func:`as_numpy`), not ``Tensor.numpy()``,
 which would pin the tensor's storage (not resizable), and
@@ -22,6 +24,7 @@ caller (:func:`llmtool.compress.factorize.canonical_signs`).
 from __future__ import annotations
 
 import ctypes
+import os
 
 import numpy as np
 import torch
@@ -60,8 +63,6 @@ def write_raw(t: torch.Tensor, path) -> None:
 
 def read_raw(path, shape, dtype: torch.dtype) -> torch.Tensor:
     """A tensor read back from :func:`write_raw`'s file, which is then deleted."""
-    import os
-
     t = torch.empty(shape, dtype=dtype)
     with open(path, "rb") as f:
         if f.readinto(raw_bytes(t)) != t.numel() * t.element_size():

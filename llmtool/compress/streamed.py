@@ -65,7 +65,7 @@ from llmtool.compress.factorize import ModuleSpec, split_factors, unwhiten_rows_
 from llmtool.compress.pipeline import CompressionResult, StageReport, _kmax, _specs
 from llmtool.compress.profile import layer_statistics
 from llmtool.compress.whitening import whitener_from_covariance
-from llmtool.compress.zs_svd import select_components
+from llmtool.compress.zs_svd import select_components, singular_value_scores
 from llmtool.core.console import UsageError, info, progress
 from llmtool.core.evalkit import current_rss_mb, peak_rss_mb
 
@@ -271,7 +271,7 @@ def source_whiteners(stats, layer_specs: list[ModuleSpec], eps: float):
     groups: dict[str, list[ModuleSpec]] = {}
     for spec in layer_specs:
         groups.setdefault(statistics_source(spec.name), []).append(spec)
-    spilled = getattr(stats, "spilled", {})
+    spilled = stats.spilled
     for source, group in groups.items():
         cov = read_raw(*spilled.pop(source)) if source in spilled else stats.gram.pop(source)
         cov.div_(max(1, stats.count[source]))                 # == stats.covariance(), in place
@@ -330,22 +330,6 @@ def _head_gradient(model, last: torch.Tensor, ids: torch.Tensor) -> torch.Tensor
             (g,) = torch.autograd.grad(loss, [x])
         grad[:, a:b] = g
     return grad
-
-
-SCORE_CHUNK = 128   # components whose float64 ``u_i^T G`` rows exist at a time in :func:`singular_value_scores`
-
-
-def singular_value_scores(u: torch.Tensor, qt: torch.Tensor, grad: torch.Tensor) -> torch.Tensor:
-    """``g_i = u_i^T G q_i`` for every component i (float64, on ``grad``'s device), ``SCORE_CHUNK`` components
-    at a time: ``diag(U^T G Q)`` without the ``[k, n]`` products (and their float64 copies) whole. Equal to
-    ``((u.T @ G) * qt).sum(1)`` in float64 to rounding."""
-    g = grad.to(torch.float64)
-    out = torch.empty(u.shape[1], dtype=torch.float64, device=g.device)
-    for a in range(0, u.shape[1], SCORE_CHUNK):
-        b = min(u.shape[1], a + SCORE_CHUNK)
-        rows = u[:, a:b].to(device=g.device, dtype=torch.float64).T @ g
-        out[a:b] = (rows * qt[a:b].to(device=g.device, dtype=torch.float64)).sum(1)
-    return out
 
 
 def _hidden_path(scratch: Path, i: int) -> Path:

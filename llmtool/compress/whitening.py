@@ -54,44 +54,31 @@ def whitener_from_covariance(cov: torch.Tensor, eps: float = 1e-4, overwrite: bo
     """Cholesky factor of the regularised covariance, with the eigen fallback.
 
     ``overwrite=True`` (a float64 ``cov`` the caller no longer needs; the layer-streamed compression's
-    memory bound): on the CPU the factor is computed in ``cov``'s own storage (:func:`_whitener_in_place`),
-    elsewhere the regularised matrix is built there, so one or two ``[n, n]`` matrices fewer are alive."""
+    memory bound): on the CPU the factor is computed in ``cov``'s own storage by LAPACK
+    (:mod:`lapack_inplace`; equal to the copying path to rounding), elsewhere the regularised matrix is built
+    there, so one or two ``[n, n]`` matrices fewer are alive."""
+    from llmtool.compress.lapack_inplace import cholesky_lower_, symmetrize_
     from llmtool.core.models import all_finite    # (core.models imports transformers: not at import time)
 
     c = cov.to(torch.float64)
-    if overwrite and c is cov and c.device.type == "cpu" and c.is_contiguous():
-        return _whitener_in_place(c, eps)
+    in_place = overwrite and c is cov and c.device.type == "cpu" and c.is_contiguous()
     if overwrite and c is cov:
-        c.add_(c.T.clone())     # symmetrise in place (the transposed view aliases ``c``: add a copy of it)
+        symmetrize_(c)          # by blocks, the same bits as (c + c.T) * 0.5 with no second [n, n] matrix
     else:
         c = c + c.T             # ``cov`` is never modified; every later step is in place
-    c.mul_(0.5)                 # == / 2 exactly (a power-of-two scaling)
+        c.mul_(0.5)             # == / 2 exactly (a power-of-two scaling)
     torch.nan_to_num_(c, nan=0.0, posinf=0.0, neginf=0.0)   # == where(isfinite(c), c, 0) without isfinite's
                                                              # [n, n] float temporaries (|c| is one)
     c.diagonal().add_(eps)
-    L, info = torch.linalg.cholesky_ex(c)
-    if int(info) == 0 and all_finite(L):      # chunked: no [n, n] temporaries next to L and c
-        return Whitener(L, True)
-    return _eigen_whitener(c, eps)
-
-
-def _eigen_whitener(c: torch.Tensor, eps: float) -> Whitener:
+    if in_place:
+        # factored in its own storage by LAPACK, so the returned ``L`` *is* ``cov``; on failure ``c`` is restored
+        if cholesky_lower_(c):
+            if all_finite(c):
+                return Whitener(c, True)
+            raise FloatingPointError("non-finite Cholesky factor of a finite covariance")
+    else:
+        L, info = torch.linalg.cholesky_ex(c)
+        if int(info) == 0 and all_finite(L):      # chunked: no [n, n] temporaries next to L and c
+            return Whitener(L, True)
     evals, evecs = torch.linalg.eigh(c)
     return Whitener(evecs * evals.clamp_min(eps).sqrt()[None, :], False)
-
-
-def _whitener_in_place(c: torch.Tensor, eps: float) -> Whitener:
-    """The same steps as :func:`whitener_from_covariance` with no second ``[n, n]`` matrix: symmetrised by
-    blocks, regularised, then factored in its own storage by LAPACK (:mod:`lapack_inplace`), so the
-    returned ``L`` *is* ``c``. Equal to the copying path to rounding (another LAPACK build)."""
-    from llmtool.compress.lapack_inplace import cholesky_lower_, symmetrize_
-    from llmtool.core.models import all_finite
-
-    symmetrize_(c)
-    torch.nan_to_num_(c, nan=0.0, posinf=0.0, neginf=0.0)
-    c.diagonal().add_(eps)
-    if cholesky_lower_(c):
-        if all_finite(c):
-            return Whitener(c, True)
-        raise FloatingPointError("non-finite Cholesky factor of a finite covariance")
-    return _eigen_whitener(c, eps)

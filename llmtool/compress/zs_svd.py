@@ -46,11 +46,26 @@ from llmtool.compress.whitening import Whitener
 RULES = ("zero-sum", "sigma-global", "abs-delta")
 
 
+SCORE_CHUNK = 128   # components whose float64 ``u_i^T G`` rows exist at a time in :func:`singular_value_scores`
+
+
+def singular_value_scores(u: torch.Tensor, qt: torch.Tensor, grad: torch.Tensor) -> torch.Tensor:
+    """``g_i = u_i^T G q_i`` for every component i (float64, on ``grad``'s device), ``SCORE_CHUNK`` components
+    at a time: ``diag(U^T G Q)`` without the ``[k, n]`` products (and their float64 copies) whole. Equal to
+    ``((u.T @ G) * qt).sum(1)`` in float64 to rounding."""
+    g = grad.to(torch.float64)
+    out = torch.empty(u.shape[1], dtype=torch.float64, device=g.device)
+    for a in range(0, u.shape[1], SCORE_CHUNK):
+        b = min(u.shape[1], a + SCORE_CHUNK)
+        rows = u[:, a:b].to(device=g.device, dtype=torch.float64).T @ g
+        out[a:b] = (rows * qt[a:b].to(device=g.device, dtype=torch.float64)).sum(1)
+    return out
+
+
 def singular_value_gradients(u: torch.Tensor, vh: torch.Tensor, grad: torch.Tensor,
                              whitener: Whitener) -> torch.Tensor:
     """``g_i = u_i^T (G L^{-T}) v_i`` for every component (float64)."""
-    h = whitener.whiten_gradient(grad)
-    return ((u.T.to(h.dtype) @ h) * vh.to(h.dtype)).sum(1)
+    return singular_value_scores(u, vh, whitener.whiten_gradient(grad))
 
 
 def predicted_loss_change(sigma: torch.Tensor, g: torch.Tensor) -> torch.Tensor:
