@@ -202,8 +202,11 @@ def test_source_whiteners_share_one_factor_per_input_and_match_per_module():
     stats.add("model.layers.0.mlp.gate_proj", torch.randn(40, 6, dtype=torch.float64))
     stats.add("model.layers.0.mlp.down_proj", torch.randn(40, 9, dtype=torch.float64))
     expected = {n: whitener_from_covariance(stats.covariance(n), 1e-4).L for n in names}
-    got = [(spec.name, wh) for spec, wh in source_whiteners(stats, [ModuleSpec(n, 4, 6) for n in names], 1e-4)]
-    assert [n for n, _ in got] == names
+    got = [(spec.name, wh, last) for spec, wh, last in
+           source_whiteners(stats, [ModuleSpec(n, 4, 6) for n in names], 1e-4)]
+    assert [n for n, _, _ in got] == names
+    assert [last for _, _, last in got] == [False, True, True, True]   # k is q/k's last; gate and down alone
+    got = [(n, wh) for n, wh, _ in got]
     for n, wh in got:
         torch.testing.assert_close(wh.L, expected[n], rtol=1e-12, atol=1e-14)
     assert got[0][1] is got[1][1]            # q and k read one input: one whitener

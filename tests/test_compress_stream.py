@@ -71,27 +71,37 @@ def test_window_scores_average_to_the_full_gradient_score(f64_dir, tmp_path):
 
 
 def test_one_layer_materialised_at_a_time(f64_dir, tmp_path, monkeypatch):
-    live, peak = set(), [0]
-    original = streamed.LayerStream.layer
+    """At most one layer is loaded at a time, and pass 1's forwards (lazy) hold one matrix of it at a time."""
+    from contextlib import contextmanager
 
-    def tracked(self, i):
-        from contextlib import contextmanager
+    live, peak, lazy_now, most_matrices = set(), [0], [False], {True: 0, False: 0}
+    original, original_load = streamed.LayerStream.layer, streamed.LayerStream._load
 
+    def tracked(self, i, lazy=False):
         @contextmanager
         def ctx():
-            with original(self, i) as layer:
+            lazy_now[0] = lazy
+            with original(self, i, lazy=lazy) as layer:
                 live.add(i)
                 peak[0] = max(peak[0], len(live))
-                loaded = [n for n, p in self.model.named_parameters()
-                          if n.startswith(self.prefix) and p.device.type != "meta"]
-                assert {n[len(self.prefix):].split(".")[0] for n in loaded} == {str(i)}
                 yield layer
                 live.discard(i)
         return ctx()
 
+    def load(self, i, names):
+        original_load(self, i, names)
+        loaded = [(n, p) for n, p in self.model.named_parameters()
+                  if n.startswith(self.prefix) and p.device.type != "meta"]
+        assert {n[len(self.prefix):].split(".")[0] for n, _ in loaded} <= {str(i)}
+        matrices = sum(p.ndim == 2 for _, p in loaded)
+        most_matrices[lazy_now[0]] = max(most_matrices[lazy_now[0]], matrices)
+
     monkeypatch.setattr(streamed.LayerStream, "layer", tracked)
+    monkeypatch.setattr(streamed.LayerStream, "_load", load)
     mem, res, *_ = _both(f64_dir, tmp_path, "zs-svd")
     assert peak[0] == 1 and res.ranks == mem.ranks
+    assert most_matrices[True] == 1          # pass 1: one module's weight at a time
+    assert most_matrices[False] == 7         # the gradient pass: the whole layer (q k v o gate up down)
 
 
 @pytest.mark.parametrize("method,kw,needle", [("fwsvd", {}, "fwsvd"),

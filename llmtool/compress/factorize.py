@@ -77,15 +77,17 @@ class Spectrum:
         return self.a_full[:k].contiguous(), self.b_full[:, :k].contiguous()
 
 
-WHITEN_CHUNK_ROWS = 256   # rows of W upcast to float64 at a time by the low-memory whitening
+WHITEN_CHUNK_ROWS = 64    # rows of W upcast to float64 at a time by the low-memory whitening
+SIGN_BLOCK = 64           # columns of U whose magnitudes are compared at a time (no whole |U| temporary)
 
 
 def canonical_signs(u: torch.Tensor, vh: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Flip each singular pair ``(u_i, v_i)`` (in place) so that the largest-magnitude entry of ``u_i`` is
     positive: LAPACK drivers may return either sign, and the factors ``B``/``A`` (unlike their product) carry
     it, so two paths (torch's LAPACK in memory, scipy's in place when streamed) store the same factors."""
-    idx = u.abs().argmax(0)
-    sign = torch.sign(u[idx, torch.arange(u.shape[1], device=u.device)])
+    cols = torch.arange(u.shape[1], device=u.device)
+    idx = torch.cat([u[:, j:j + SIGN_BLOCK].abs().argmax(0) for j in range(0, u.shape[1], SIGN_BLOCK)])
+    sign = torch.sign(u[idx, cols])
     sign[sign == 0] = 1
     u.mul_(sign[None, :])
     vh.mul_(sign[:, None])
@@ -154,6 +156,28 @@ def unwhiten_rows_(vh: torch.Tensor, whitener: Whitener) -> torch.Tensor:
 
         return solve_right_lower_(vh, whitener.L)
     return whitener.unwhiten(vh)
+
+
+def whitened_basis(weight: torch.Tensor, whitener: Whitener, low_memory=False, release_whitener: bool = False):
+    """``(U [m, k], sigma [k], Q^T = V^T L^{-1} [k, n])`` of ``W L = U diag(sigma) V^T`` (float64). On the CPU
+    with ``low_memory`` (True or a spill directory, as in :func:`whitened_svd`): in-place LAPACK (the SVD
+    destroys ``W L``, ``Q^T`` is solved in ``V^T``'s storage). ``release_whitener=True`` (the whitener's last
+    module; the caller never uses it again) frees ``L``'s storage as soon as ``Q^T`` is solved, so the
+    ``[n, n]`` factor is not alive next to the caller's factors, scratch writes and the next Gram."""
+    u, sigma, vh = whitened_svd(weight, whitener, low_memory=low_memory)
+    qt = unwhiten_rows_(vh, whitener) if low_memory else whitener.unwhiten(vh)
+    del vh
+    if release_whitener:
+        release_storage(whitener.L)
+    return u, sigma, qt
+
+
+def release_storage(t: torch.Tensor) -> None:
+    """Free a CPU tensor's memory now, whoever else refers to it (its storage is resized to 0 bytes; any
+    later use of it fails). A storage that cannot be resized (owned by numpy or a file) is left alone."""
+    storage = t.untyped_storage()
+    if t.device.type == "cpu" and storage.resizable():
+        storage.resize_(0)
 
 
 def split_factors(u: torch.Tensor, sigma: torch.Tensor, vh: torch.Tensor, k: int,

@@ -67,7 +67,7 @@ def layer_statistics(model, ids: torch.Tensor, batch_size: int = 4, gram: bool =
     back), so the widest Gram is never in memory next to the others (at the default model 19 MB instead
     of 27 MB next to the layer's weights and activations), for one more forward of the layer (measured
     +9 s on a 68 s run; one forward per source would cost +23 s). The widest input's pass runs first and
-    keeps no outputs; the last pass keeps them, after which the layer's inputs are dropped."""
+    drops each output as it is made; the last pass keeps them, after which the layer's inputs are dropped."""
     from llmtool.compress.lapack_inplace import write_raw
 
     groups = target_names(model)
@@ -83,7 +83,8 @@ def layer_statistics(model, ids: torch.Tensor, batch_size: int = 4, gram: bool =
             passes = [[widest], [s for s in sources if s != widest]]   # outputs kept by the last pass only
         for k, group in enumerate(passes):
             with forward_hooks(model, group, stats.hook):
-                step.forward(keep=k == len(passes) - 1)
+                last = k == len(passes) - 1
+                step.forward(keep=last, discard=not last)
             if len(passes) > 1:
                 for source in group:
                     g = stats.gram.pop(source)

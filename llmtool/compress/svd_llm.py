@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import torch
 
-from llmtool.compress.factorize import ModuleSpec, Spectrum, split_factors, unwhiten_rows_, whitened_svd
+from llmtool.compress.factorize import ModuleSpec, Spectrum, split_factors, whitened_basis, whitened_svd
 from llmtool.compress.whitening import whitener_from_covariance
 
 
@@ -24,16 +24,20 @@ class WhitenedSVD:
     rule = None
 
     def decompose(self, spec: ModuleSpec, weight: torch.Tensor, stats, grad, eps: float, kmax: int,
-                  whitener=None, low_memory=False) -> Spectrum:
+                  whitener=None, low_memory=False, release_whitener: bool = False) -> Spectrum:
         """``whitener``: the module's input whitener when the caller already has it (shared by the modules
         that read one input; the layer-streamed path), else made from ``stats``; ``low_memory`` (False, True
-        or a spill directory) as in :func:`whitened_svd`."""
+        or a spill directory) as in :func:`whitened_svd`; ``release_whitener`` as in :func:`whitened_basis` (the
+        caller's whitener is not used again)."""
         if whitener is None:
             whitener = whitener_from_covariance(stats.covariance(spec.name), eps)
-        u, sigma, vh = whitened_svd(weight, whitener, low_memory=low_memory)
         if low_memory:     # Q^T = V^T L^{-1} in V^T's storage, then the factors from it (one [k, n] matrix less)
-            a, b = split_factors(u, sigma, unwhiten_rows_(vh, whitener), kmax)
+            u, sigma, qt = whitened_basis(weight, whitener, low_memory, release_whitener)
+            a, b = split_factors(u, sigma, qt, kmax)
+            del qt
         else:
+            u, sigma, vh = whitened_svd(weight, whitener)
             a, b = split_factors(u, sigma, vh, kmax, right=whitener)
-        del u, vh
+            del vh
+        del u
         return Spectrum(spec, sigma, None, b, a)

@@ -70,9 +70,15 @@ class LayerStep:
     outputs: list[torch.Tensor] | None = None
 
     @torch.no_grad()
-    def forward(self, keep: bool = False) -> list[torch.Tensor]:
+    def forward(self, keep: bool = False, discard: bool = False) -> list[torch.Tensor] | None:
         """Run the layer on every stored input chunk. ``keep=True`` records the outputs as the next
-        layer's inputs (use it when the layer will not change afterwards: saves a second pass)."""
+        layer's inputs (use it when the layer will not change afterwards: saves a second pass).
+        ``discard=True``: a pass run only for its hooks; each output is dropped as soon as it is made and
+        None is returned (one layer's activations less in memory)."""
+        if discard:
+            for h, kw in self.inputs:
+                hidden_of(self.layer(h, **kw))
+            return None
         outs = [hidden_of(self.layer(h, **kw)).detach() for h, kw in self.inputs]
         if keep:
             self.outputs = outs
