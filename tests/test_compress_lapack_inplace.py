@@ -121,3 +121,35 @@ def test_layer_statistics_spilled_to_disk_equal_the_one_pass_statistics(tiny_lla
         for source, (path, shape, dtype) in b.spilled.items():
             torch.testing.assert_close(li.read_raw(path, shape, dtype), a.gram[source], rtol=1e-12, atol=1e-12)
     assert list(tmp_path.iterdir()) == []
+
+
+def test_blocked_canonical_signs_equal_the_whole_matrix_rule(monkeypatch):
+    """Columns compared in blocks (wider than one block here) give the signs of the whole-|U| argmax rule."""
+    import llmtool.compress.factorize as fz
+
+    monkeypatch.setattr(fz, "SIGN_BLOCK", 7)
+    g = torch.Generator().manual_seed(6)
+    u = torch.randn(40, 30, generator=g, dtype=torch.float64)
+    vh = torch.randn(30, 11, generator=g, dtype=torch.float64)
+    ref_sign = torch.sign(u[u.abs().argmax(0), torch.arange(30)])
+    u1, vh1 = canonical_signs(u.clone(), vh.clone())
+    assert torch.equal(u1, u * ref_sign[None, :]) and torch.equal(vh1, vh * ref_sign[:, None])
+    assert (u1[u1.abs().argmax(0), torch.arange(30)] > 0).all()
+
+
+def test_whitened_basis_releasing_the_whitener_frees_its_factor_and_changes_nothing_else():
+    from llmtool.compress.factorize import whitened_basis
+
+    g = torch.Generator().manual_seed(7)
+    w = torch.randn(12, 20, generator=g)
+    L = torch.linalg.cholesky(_spd(20, 8))
+    ref = torch.linalg.solve_triangular(L, torch.linalg.svd(w.double() @ L, full_matrices=False)[2],
+                                        upper=False, left=False)
+    kept = Whitener(L.clone(), True)
+    u0, s0, qt0 = whitened_basis(w, kept, low_memory=True)
+    assert torch.equal(kept.L, L)                                  # not released: still usable
+    released = Whitener(L.clone(), True)
+    u1, s1, qt1 = whitened_basis(w, released, low_memory=True, release_whitener=True)
+    assert released.L.untyped_storage().nbytes() == 0              # the [n, n] factor's memory is gone
+    assert torch.equal(u1, u0) and torch.equal(s1, s0) and torch.equal(qt1, qt0)
+    torch.testing.assert_close(qt0.abs(), ref.abs(), rtol=1e-9, atol=1e-11)   # Q^T = V^T L^{-1} up to signs

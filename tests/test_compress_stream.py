@@ -180,3 +180,30 @@ def test_finite_check_of_a_column_major_matrix_copies_nothing_whole():
     with __import__("unittest").mock.patch.object(torch, "isfinite", lambda x: (seen.append(x.numel()), real(x))[1]):
         assert models.all_finite(t)
     assert sum(seen) == t.numel() and max(seen) <= models.FINITE_CHUNK
+
+
+def test_layer_parts_round_trip_and_leave_no_file(tmp_path):
+    parts = streamed.LayerParts(tmp_path)
+    a = {"lowrank_a.weight": torch.randn(3, 5), "lowrank_b.weight": torch.randn(4, 3)}
+    b = {"lowrank_a.weight": torch.randn(2, 5), "lowrank_b.weight": torch.randn(4, 2), "lowrank_b.bias": torch.randn(4)}
+    parts.add("model.layers.0.self_attn.q_proj", a)
+    parts.add("model.layers.0.mlp.down_proj", b)
+    assert len(list(tmp_path.iterdir())) == 2
+    got = parts.collect()
+    assert list(got) == ["model.layers.0.self_attn.q_proj", "model.layers.0.mlp.down_proj"]
+    for want, have in ((a, got["model.layers.0.self_attn.q_proj"]), (b, got["model.layers.0.mlp.down_proj"])):
+        assert set(have) == set(want) and all(torch.equal(have[k], want[k]) for k in want)
+    assert list(tmp_path.iterdir()) == [] and parts.collect() == {}
+
+
+def test_a_discarding_layer_pass_runs_every_hook_and_keeps_nothing():
+    from llmtool.core.calib import LayerStep
+
+    layer = torch.nn.Linear(4, 4)
+    seen = []
+    layer.register_forward_hook(lambda m, i, o: seen.append(o.detach().clone()))
+    inputs = [(torch.randn(2, 3, 4), {}), (torch.randn(1, 3, 4), {})]
+    step = LayerStep(0, layer, inputs)
+    assert step.forward(discard=True) is None and step.outputs is None
+    outs = step.forward()
+    assert len(seen) == 4 and all(torch.equal(x, y) for x, y in zip(seen[:2], outs))

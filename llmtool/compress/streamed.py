@@ -7,20 +7,23 @@ factors of every module until the save (about 4x the weights). Here:
 * **Weights**: the model is built on the ``meta`` device (accelerate's ``init_empty_weights``); only the
   parts outside the decoder layers (embeddings, final norm, head, rotary tables) are loaded. Each decoder
   layer is materialised from the safetensors checkpoint when it is needed and sent back to ``meta``
-  afterwards (:class:`LayerStream`); once a layer's calibration forward is done its target weights go back
-  to ``meta`` and each is re-read from the checkpoint just before its own SVD.
+  afterwards (:class:`LayerStream`). In pass 1's no-grad forwards this happens per submodule (forward
+  pre-hooks read a module's tensors, forward hooks drop them), so one matrix of the layer is in memory at a
+  time; each target weight is re-read from the checkpoint just before its own SVD.
 * **Statistics and bases** (pass 1): the calibration batch is replayed layer by layer
   (:func:`profile.layer_statistics`), in two forwards per layer on the CPU: one for the widest input (the
   MLP down projection's, 19 MB of float64 Gram at the default model) and one for the others, each pass's
   Grams written to the scratch directory as soon as the pass ends, so at most the widest Gram is in memory
-  next to the layer. Uniform-rank methods factorise each module at once and write the layer's output
-  shard. Global-selection methods (zs-svd, abs-delta, sigma-global) keep the singular values in memory and
+  next to one module's weight; the first pass drops each output as it is made. Uniform-rank methods
+  factorise each module at once, park its factors in a scratch file (:class:`LayerParts`) and write the
+  layer's output shard when the layer is done. Global-selection methods (zs-svd, abs-delta, sigma-global) keep the singular values in memory and
   write each module's basis to a scratch file next to the output as soon as its SVD is done
   (:func:`source_whiteners` reads one Gram back at a time and factors it in its own storage): ``U [m, k]``
   and ``Q^T = V^T L^{-1} [k, n]``, which give both the factors ``B = U_r diag(sqrt sigma)``,
   ``A = diag(sqrt sigma) Q^T_r`` and the singular-value gradient. The SVD is taken in place
   (:mod:`lapack_inplace`) while ``L`` waits in a scratch file (:func:`factorize.storage_on_disk`), and
-  ``Q^T`` is solved in ``V^T``'s storage.
+  ``Q^T`` is solved in ``V^T``'s storage; after the last module that reads an input, ``L``'s memory is freed
+  at once.
 * **Gradients** (pass 2, zs-svd and abs-delta): the official code's "efficient importance". With
   ``W = A L^{-1}`` and ``A = U diag(sigma) V^T``, ``g_i = u_i^T G L^{-T} v_i = u_i^T G q_i`` with
   ``q_i`` the i-th column of ``Q = L^{-T} V``, so each weight gradient ``G`` is reduced to the r-vector
@@ -37,9 +40,12 @@ factors of every module until the save (about 4x the weights). Here:
   source checkpoint. The format is :mod:`lowrank`'s, identical to the in-memory pipeline's.
 
 Peak memory is the non-layer weights (for small models the tied embedding dominates), one layer's
-weights, one layer's calibration activations (``samples x seqlen x d``, twice), the widest input's Gram,
-and one module's SVD (its whitened weight, the outputs and LAPACK's workspace) or one module's ``L`` with
-its basis; the gradient pass needs less (two hidden states, one layer's weights and gradients).
+calibration activations (``samples x seqlen x d``, twice in the last statistics pass), and the largest of:
+the widest input's Gram with one module's weight (its statistics pass), one module's SVD (its whitened
+weight, the outputs and LAPACK's workspace), or one module's ``L`` with its weight and basis (measured
+on the default model: the last two within 3 MB of each other, the first 8 MB below); the gradient pass
+needs less (two hidden states, one layer's weights and gradients). The heap is trimmed after each module
+(:func:`trim_heap`).
 On a GPU (``--device cuda``) the statistics stay on the device and the torch.linalg path is used.
 
 Not streamed (refused with a one-line error): ``fwsvd`` (its Fisher weight needs every squared
