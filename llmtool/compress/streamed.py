@@ -196,15 +196,6 @@ class LayerStream:
 
         set_module_tensor_to_device(module, name, self.device if value is not None else "meta", value=value)
 
-    def release(self, i: int, module: str) -> None:
-        """Send one module of loaded layer ``i`` (full name) back to ``meta`` before the layer is released: pass 1
-        has the layer's outputs once its forward has run, so a module whose factors or basis are done is not
-        needed again (one module's weight less per module done, next to the largest one's SVD)."""
-        rel = module[len(f"{self.prefix}{i}."):] + "."
-        for name in self.layer_keys[i]:
-            if name.startswith(rel):
-                self._set(self.layers[i], name, None)
-
     @contextmanager
     def layer(self, i: int, lazy: bool = False):
         """Layer ``i`` with its weights loaded (sent back to ``meta`` on exit).
@@ -474,21 +465,20 @@ def compress_streamed(src: Path, out_dir: Path, cfg, calib_ids, grad_ids, dtype:
 
     # pass 1: statistics, then factors (uniform) or bases (global selection), layer by layer
     t0 = time.perf_counter()
+    # lazy layers: a module's weights are in memory only while its forward runs (none without statistics), and
+    # each target weight is re-read from the checkpoint just before its own SVD
+    lazy_layer = functools.partial(stream.layer, lazy=True)
     if method.needs_gram or method.needs_abs_mean:
         per_layer = layer_statistics(model, calib_ids, STREAM_BATCH, gram=method.needs_gram,
-                                     abs_mean=method.needs_abs_mean,
-                                     layer_context=functools.partial(stream.layer, lazy=True),
+                                     abs_mean=method.needs_abs_mean, layer_context=lazy_layer,
                                      chunk_rows=STATS_CHUNK_ROWS, spill_dir=scratch if device.type == "cpu" else None)
     else:
         def no_stats():
             for i in progress(range(n_layers), "decomposing (layers)"):
-                with stream.layer(i):
+                with lazy_layer(i):
                     yield None
         per_layer = no_stats()
     for i, stats in enumerate(per_layer):
-        # the layer's forward is done: its target weights go back to meta and are re-read one module at a time
-        for spec in specs[i]:
-            stream.release(i, spec.name)
         if method.uniform:
             parts = LayerParts(scratch)
             pairs = (source_whiteners(stats, specs[i], eps) if method.needs_gram
