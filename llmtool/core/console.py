@@ -74,9 +74,11 @@ def _fmt(value: Any) -> str:
 
 def table(rows: Sequence[dict], title: str | None = None, columns: Sequence[str] | None = None) -> Table:
     columns = list(columns or (rows[0].keys() if rows else []))
+    # Long cells (model paths, lists of numbers) fold onto the next line instead of being cut to `gri…`
+    # when the table is wider than the terminal, or than rich's 80 columns when stdout is no terminal.
     t = Table(title=title)
     for c in columns:
-        t.add_column(str(c))
+        t.add_column(str(c), overflow="fold", no_wrap=False)
     for row in rows:
         t.add_row(*(_fmt(row.get(c, "")) for c in columns))
     return t
