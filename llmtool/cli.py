@@ -50,6 +50,7 @@ AREAS: dict[str, tuple[str, str]] = {
     "bench-agent": ("llmtool.bench_agent.cli", "Agent benchmarks: PIPE interface rewrites, UltraHorizon."),
     "tasks": ("llmtool.learn_program.tasks_cli", "Algorithmic program-learning tasks: list and generate."),
     "learn-program": ("llmtool.learn_program.cli", "LLM-PV propose-and-verify program learning and baselines."),
+    "doctor": ("llmtool.core.doctor", "What is installed: versions, packaged models, extras, sandbox, threads, device."),
 }
 
 # Global options that may follow the sub-command: flag -> takes a value?
