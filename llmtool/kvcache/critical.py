@@ -19,8 +19,14 @@ KV head with budget ``b_h`` (any base scorer's ``A`` and any budget allocation):
    inside the product so zero-attention, large-norm entries can surface).
 
 Ablations: ``mode="product"`` (stage 2 only, alpha = 0) and ``mode="norm"`` (``N_j`` alone).
-Reconstructed choice: with AdaKV budgets the per-head budgets are allocated from the base scores
-first and the two-stage rule runs inside each head's budget (as the released CriticalAdaKV press).
+With AdaKV budgets (CriticalAdaKV) the per-head budgets are allocated from the base scores first
+and the two-stage rule runs inside each head's budget, as the released CriticalAdaKV press (NVIDIA
+kvpress) does; as there, AdaKV's safeguard entries (each head's top ``int(alpha_safe * b)`` by
+score, window first) stay at the maximum score through stage 2, so a head whose budget is little
+more than its safeguard keeps its whole safeguard even where ``floor(alpha * b_h)`` is smaller
+(``protected`` in :func:`critical_select`; without it 5 of 90 layer-heads differed from the press
+at budget 0.5 on SmolLM2). ``tests/test_kvcache_critical_adakv.py`` checks the keep sets against a
+from-scratch reference of that press in every layer-head.
 """
 from __future__ import annotations
 
@@ -58,14 +64,20 @@ def projected_value_norms_dense(values: torch.Tensor, o_weight: torch.Tensor, nu
 
 
 def critical_select(scores: torch.Tensor, norms: torch.Tensor, budgets: torch.Tensor,
-                    first_stage_ratio: float = 0.5, eps: float = 1e-4, mode: str = "critical") -> torch.Tensor:
-    """Keep-mask ``[B, H, n]`` with exactly ``budgets[b, h]`` entries per head."""
+                    first_stage_ratio: float = 0.5, eps: float = 1e-4, mode: str = "critical",
+                    protected: torch.Tensor | None = None) -> torch.Tensor:
+    """Keep-mask ``[B, H, n]`` with exactly ``budgets[b, h]`` entries per head. ``protected``
+    (bool ``[B, H, n]``, e.g. AdaKV's safeguard entries) is kept ahead of stage 2 like stage 1's
+    entries; it must fit in each head's budget (AdaKV's safeguard always does)."""
+    fixed = torch.isinf(scores)
+    if protected is not None:
+        fixed = fixed | protected
     if mode == "norm":
-        return topk_mask(torch.where(torch.isinf(scores), scores, norms), budgets)
+        return topk_mask(norms.masked_fill(fixed, float("inf")), budgets)
     alpha = first_stage_ratio if mode == "critical" else 0.0
     stage1 = topk_mask(scores, torch.floor(alpha * budgets.float()).long())
     composite = (scores + eps) * norms
-    composite = composite.masked_fill(stage1 | torch.isinf(scores), float("inf"))
+    composite = composite.masked_fill(stage1 | fixed, float("inf"))
     return topk_mask(composite, budgets)
 
 
@@ -100,7 +112,9 @@ class CriticalKVPress(Press):
         from llmtool.core.attention import projection
 
         norms = projected_value_norms(values, projection(module, "o").weight, arch.n_heads(module.config))
-        return critical_select(scores, norms, budgets, self.first_stage_ratio, self.eps, self.mode)
+        safeguard = getattr(self.base, "safeguard_mask", None)
+        protected = safeguard(scores) if safeguard is not None else None
+        return critical_select(scores, norms, budgets, self.first_stage_ratio, self.eps, self.mode, protected)
 
 
 # --- the bound of section 3.4 (used by tests and the perturbation analysis) -------------------
