@@ -10,12 +10,23 @@ The dialect is written down in docs/cli-conventions.md; in short:
 - global options (``--json --quiet --debug --device --dtype --seed --threads``) may stand before *or
   after* the sub-command (``llmtool evaluate ppl MODEL --json`` works);
 - every failure is one ``error:`` line on stderr: exit 2 for usage errors (Typer's own parse errors
-  included), 130 when interrupted, 1 with a hint for internal faults (the traceback only with
-  ``--debug``).
+  included), 130 when interrupted (Ctrl-C), 143 when terminated (SIGTERM is handled like Ctrl-C:
+  temporary outputs are removed), 1 with a hint for internal faults (the traceback only with
+  ``--debug``);
+- every count option of every command is bounded by name (``core/options.py``'s ``COUNT_BOUNDS``:
+  threads and worker processes by the cores this process may use, batch sizes, lengths and sample
+  counts by sane limits), checked before the command body runs;
+- a user error that escaped its command's own checks (an unreadable path, a symlink loop, a file that
+  is not UTF-8, input nested beyond the recursion limit) is still one line with exit 2, never an
+  ``internal error``.
 """
 from __future__ import annotations
 
+import contextlib
+import errno
+import functools
 import importlib
+import signal
 import sys
 from typing import Annotated, Any, Optional
 
@@ -33,7 +44,8 @@ except ImportError:  # pragma: no cover - older typer on click
     from click.exceptions import UsageError as ParseError
 
 from llmtool import __version__
-from llmtool.core.console import OPTIONS, UsageError, fail
+from llmtool.core.console import OPTIONS, Terminated, UsageError, fail
+from llmtool.core.options import available_cpus, check_counts
 
 # name -> (module holding `app`, one-line help). Order = order in --help.
 AREAS: dict[str, tuple[str, str]] = {
@@ -50,6 +62,7 @@ AREAS: dict[str, tuple[str, str]] = {
     "bench-agent": ("llmtool.bench_agent.cli", "Agent benchmarks: PIPE interface rewrites, UltraHorizon."),
     "tasks": ("llmtool.learn_program.tasks_cli", "Algorithmic program-learning tasks: list and generate."),
     "learn-program": ("llmtool.learn_program.cli", "LLM-PV propose-and-verify program learning and baselines."),
+    "example-data": ("llmtool.core.examples", "Small input files for the README's examples (prompts, corpus, pairs, ...)."),
     "doctor": ("llmtool.core.doctor", "What is installed: versions, packaged models, extras, sandbox, threads, device."),
 }
 
@@ -85,6 +98,55 @@ def hoist_globals(args: list[str], commands) -> list[str]:
     return head[:pos] + moved + head[pos:] + tail
 
 
+def bounded(cmd: Any) -> Any:
+    """``cmd`` with its callback checking the count bounds of its options (``core.options.COUNT_BOUNDS``)
+    before it runs; a group's sub-commands get the same wrapper when they are looked up (areas build
+    some of them lazily)."""
+    if cmd is None or getattr(cmd, "_llmtool_bounded", False):
+        return cmd
+    cmd._llmtool_bounded = True
+    if cmd.callback is not None:
+        flags = {p.name: next((o for o in p.opts if o.startswith("--")), p.opts[0] if p.opts else p.name)
+                 for p in cmd.params if p.name}
+        inner = cmd.callback
+
+        @functools.wraps(inner)
+        def checked(*args: Any, **kwargs: Any) -> Any:
+            check_counts(kwargs, flags)
+            return inner(*args, **kwargs)
+
+        cmd.callback = checked
+    if hasattr(cmd, "get_command"):
+        lookup = cmd.get_command
+
+        def get_command(ctx: Any, name: str) -> Any:
+            return bounded(lookup(ctx, name))
+
+        cmd.get_command = get_command
+    return cmd
+
+
+_USER_ERRNOS = {errno.ENOENT, errno.EISDIR, errno.ENOTDIR, errno.ELOOP, errno.EACCES, errno.EPERM, errno.ENXIO,
+                errno.ENAMETOOLONG, errno.EROFS, errno.ENOSPC, errno.EDQUOT, errno.ETXTBSY, errno.ENODEV}
+
+
+def user_error_message(e: BaseException) -> str | None:
+    """The one-line message for an exception that is the user's input, not a fault of llmtool, when a
+    command's own checks let it through: a path that cannot be read or written (named), a file that is not
+    UTF-8, input nested beyond the recursion limit. None for anything else (an internal error)."""
+    if isinstance(e, RecursionError):
+        return "an input is nested too deeply (structured data beyond Python's recursion limit)"
+    if isinstance(e, UnicodeDecodeError):
+        return f"an input file is not UTF-8 text ({e.reason} at byte {e.start})"
+    if isinstance(e, OSError) and e.errno in _USER_ERRNOS and e.filename is not None:
+        return f"{e.filename}: {e.strerror or type(e).__name__}"
+    return None
+
+
+def _raise_terminated(signum: int, frame: Any) -> None:
+    raise Terminated()
+
+
 class AreaGroup(TyperGroup):
     """The root group: areas loaded lazily, globals hoisted, every error one line."""
 
@@ -99,7 +161,7 @@ class AreaGroup(TyperGroup):
         module, help_text = AREAS[name]
         if self._listing:  # root --help: a name and a line, no import
             return TyperCommand(name, help=help_text, short_help=help_text, callback=None)
-        sub = typer.main.get_command(importlib.import_module(module).app)
+        sub = bounded(typer.main.get_command(importlib.import_module(module).app))
         sub.name = name
         if not sub.help:
             sub.help = help_text
@@ -119,6 +181,13 @@ class AreaGroup(TyperGroup):
     def main(self, args: Any = None, prog_name: Any = None, complete_var: Any = None,
              standalone_mode: bool = True, **extra: Any) -> Any:
         args = sys.argv[1:] if args is None else list(args)
+        import csv
+
+        with contextlib.suppress(OverflowError):  # a long CSV field is data, not an error
+            csv.field_size_limit(min(sys.maxsize, 2**31 - 1))
+        previous = None
+        with contextlib.suppress(ValueError):  # only the main thread may set handlers
+            previous = signal.signal(signal.SIGTERM, _raise_terminated)
         try:
             rv = super().main(args=args, prog_name=prog_name or "llmtool", complete_var=complete_var,
                               standalone_mode=False, **extra)
@@ -132,6 +201,8 @@ class AreaGroup(TyperGroup):
             fail(e.format_message(), e.exit_code)
         except UsageError as e:
             fail(str(e), e.exit_code)
+        except Terminated:
+            fail("terminated", Terminated.exit_code)
         except (Abort, KeyboardInterrupt):
             fail("interrupted", 130)
         except SystemExit:
@@ -139,8 +210,14 @@ class AreaGroup(TyperGroup):
         except Exception as e:  # an internal fault: one line and a hint, the traceback only on request
             if OPTIONS.debug:
                 raise
+            user = user_error_message(e)
+            if user is not None:
+                fail(user, 2)
             msg = str(e).splitlines()[0] if str(e) else ""
             fail(f"internal error: {type(e).__name__}: {msg} (rerun with --debug for the traceback)", 1)
+        finally:
+            if previous is not None:
+                signal.signal(signal.SIGTERM, previous)
         if rv == 130:  # typer turns Ctrl-C into Exit(130) before it reaches the handlers above
             fail("interrupted", 130)
         if standalone_mode:
@@ -169,7 +246,8 @@ def root(
     seed: Annotated[int, typer.Option(help="Random seed for data sampling and methods.", min=0,
                                       max=2**63 - 1)] = 0,
     threads: Annotated[Optional[int], typer.Option(
-        help="CPU threads for torch (default: torch's choice, or $LLMTOOL_THREADS).", min=1)] = None,
+        help="CPU threads for torch (default: torch's choice, or $LLMTOOL_THREADS); at most the cores "
+             "available to this process.", min=1)] = None,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress bars or status lines.")] = False,
     debug: Annotated[bool, typer.Option("--debug", help="Show the traceback of internal errors.")] = False,
     version: Annotated[Optional[bool], typer.Option("--version", callback=_version, is_eager=True,
@@ -178,6 +256,8 @@ def root(
     if dtype not in ("float32", "fp32", "float16", "fp16", "bfloat16", "bf16", "float64", "fp64"):
         raise UsageError(f"unknown --dtype {dtype!r}; choose one of: float32, float16, bfloat16, float64")
     OPTIONS.json, OPTIONS.device, OPTIONS.dtype, OPTIONS.seed, OPTIONS.quiet = json_out, device, dtype, seed, quiet
+    if threads is not None and threads > available_cpus():
+        raise UsageError(f"--threads {threads}: at most {available_cpus()} (the CPU cores available to this process)")
     OPTIONS.threads, OPTIONS.debug = threads, debug
     if threads is not None:
         from llmtool.core.job import apply_threads

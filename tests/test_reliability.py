@@ -480,7 +480,8 @@ FAST_FAIL: dict[str, list[str]] = {
 # Commands that read no input file or name: they list, simulate or generate (their bad *values* are in
 # ARG_CASES or the area's tests).
 NO_INPUT = {"models list", "evaluate bai-sim", "evaluate judge-synth", "evade prompts", "route data", "train rl-data",
-            "bench-agent envs", "bench-agent uh-play", "tasks list", "doctor"}
+            "bench-agent envs", "bench-agent uh-play", "tasks list", "doctor",
+            "example-data"}
 
 
 def command_tree() -> list[str]:
