@@ -37,32 +37,88 @@ TOKENIZER_FILES = (
 )
 
 
-def read_config(model_dir: Path) -> dict:
-    path = Path(model_dir) / "config.json"
-    if not path.is_file():
-        raise UsageError(f"{model_dir}: not a model directory (no config.json)")
+def regular_file(path: Path) -> os.stat_result:
+    """``os.stat`` of an input that must be a regular file, checked *before* it is opened: a directory, a
+    FIFO (opening one blocks until a writer appears), a device or a socket is refused, and a symlink loop
+    or an unreadable path is a one-line error instead of an OSError."""
+    import stat as stat_mod
+
+    path = Path(path)
     try:
-        return json.loads(path.read_text())
+        st = os.stat(path)
+    except FileNotFoundError:
+        raise UsageError(f"{path}: no such file") from None
+    except OSError as e:
+        raise UsageError(f"{path}: cannot read it ({e.strerror or type(e).__name__})") from None
+    if not stat_mod.S_ISREG(st.st_mode):
+        kind = ("a directory" if stat_mod.S_ISDIR(st.st_mode) else "a FIFO" if stat_mod.S_ISFIFO(st.st_mode)
+                else "a socket" if stat_mod.S_ISSOCK(st.st_mode) else "a device")
+        raise UsageError(f"{path}: not a regular file ({kind})")
+    return st
+
+
+def read_json(path: Path) -> Any:
+    """A JSON file given by the user: a regular file, UTF-8, well-formed, not nested beyond the parser's
+    recursion limit. Every failure is a one-line :class:`UsageError` naming the file."""
+    path = Path(path)
+    regular_file(path)
+    try:
+        text = path.read_bytes().decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise UsageError(f"{path}: not UTF-8 text (byte {e.start})") from None
+    except OSError as e:
+        raise UsageError(f"{path}: cannot read it ({e.strerror or type(e).__name__})") from None
+    try:
+        return json.loads(text)
     except json.JSONDecodeError as e:
         raise UsageError(f"{path}: invalid JSON ({e.msg} at line {e.lineno})") from None
+    except RecursionError:
+        raise UsageError(f"{path}: invalid JSON (nested too deeply)") from None
+
+
+def read_config(model_dir: Path) -> dict:
+    path = Path(model_dir) / "config.json"
+    if not (path.exists() or path.is_symlink()):
+        raise UsageError(f"{model_dir}: not a model directory (no config.json)")
+    config = read_json(path)
+    if not isinstance(config, dict):
+        raise UsageError(f"{path}: invalid JSON (a config must be a JSON object, found a {type(config).__name__})")
+    return config
+
+
+def _inside(model_dir: Path, name: Any, index: Path) -> Path:
+    """The weight file ``name`` of a shard index, refused unless it is a plain relative path inside the
+    checkpoint directory (an index must not make llmtool read files elsewhere)."""
+    if not isinstance(name, str) or not name or "\x00" in name:
+        raise UsageError(f"{index}: not a valid safetensors index (weight file name {name!r})")
+    norm = os.path.normpath(name)
+    if os.path.isabs(name) or norm == ".." or norm.startswith(".." + os.sep):
+        raise UsageError(f"{index}: weight file {name!r} lies outside the checkpoint directory (refused)")
+    return model_dir / norm
 
 
 def weight_files(model_dir: Path) -> list[Path]:
     """The safetensors weight files of a checkpoint (pickle-only checkpoints are refused: loading a
-    pickle runs arbitrary code)."""
+    pickle runs arbitrary code). Every file must be a regular file inside the checkpoint directory."""
     model_dir = Path(model_dir)
     index = model_dir / SAFE_INDEX
-    if index.is_file():
+    if index.exists() or index.is_symlink():
+        doc = read_json(index)
         try:
-            names = sorted(set(json.loads(index.read_text())["weight_map"].values()))
-        except (json.JSONDecodeError, KeyError, TypeError, AttributeError, UnicodeDecodeError):
+            names = sorted(set(doc["weight_map"].values()))
+        except (KeyError, TypeError, AttributeError):
             raise UsageError(f"{index}: not a valid safetensors index (no weight_map)") from None
-        missing = [n for n in names if not (model_dir / n).is_file()]
+        files = [_inside(model_dir, n, index) for n in names]
+        missing = [f.name for f in files if not (f.exists() or f.is_symlink())]
         if missing:
             raise UsageError(f"{index}: names missing weight file {missing[0]}")
-        return [model_dir / n for n in names]
-    if (model_dir / SAFE_SINGLE).is_file():
-        return [model_dir / SAFE_SINGLE]
+        for f in files:
+            regular_file(f)
+        return files
+    single = model_dir / SAFE_SINGLE
+    if single.exists() or single.is_symlink():
+        regular_file(single)
+        return [single]
     found = sorted(model_dir.glob("*.safetensors"))
     if not found:
         pickles = sorted(p.name for p in model_dir.glob("*.bin")) + sorted(p.name for p in model_dir.glob("*.pt"))
@@ -70,6 +126,8 @@ def weight_files(model_dir: Path) -> list[Path]:
             raise UsageError(f"{model_dir}: only pickle weights ({pickles[0]}); llmtool loads safetensors only "
                              "(convert them with a trusted tool first)")
         raise UsageError(f"{model_dir}: no *.safetensors weights found")
+    for f in found:
+        regular_file(f)
     return found
 
 
@@ -81,7 +139,7 @@ def check_safetensors(path: Path) -> dict:
     """Validate a safetensors file's header against its size before anything loads it; returns the
     header. A truncated file, a corrupt or oversized header, or tensors outside the file are errors."""
     path = Path(path)
-    size = path.stat().st_size
+    size = regular_file(path).st_size  # never open a FIFO/directory: that blocks or fails
     with open(path, "rb") as fh:
         head = fh.read(8)
         if len(head) < 8:
@@ -250,13 +308,23 @@ def dir_size_bytes(path: Path, pattern: str = "*.safetensors") -> int:
 
 def check_output(out: Path, overwrite: bool, inputs: tuple[Path, ...] = ()) -> Path:
     """Validate an output path before any work: it must not exist unless --overwrite, must not be
-    (or lie inside) an input, and its parent must be a writable directory (or creatable)."""
-    out = Path(out).resolve()
+    (or lie inside) an input, and its parent must be a writable directory (or creatable) on an ordinary
+    file system (not /proc or /sys). Leftovers of killed writers of the same OUT are cleaned first (see
+    :func:`clean_stale_temps`), so that a refused run cleans them too."""
+    try:
+        out = Path(out).resolve()
+    except (OSError, RuntimeError) as e:  # a symlink loop on the way
+        raise UsageError(f"{out}: cannot use it as an output ({getattr(e, 'strerror', None) or e})") from None
     for src in inputs:
         src = Path(src).resolve()
         if out == src or src in out.parents:
             raise UsageError(f"{out}: output would overwrite or nest inside the input {src}")
-    if out.exists() and not overwrite:
+    for pseudo in ("/proc", "/sys", "/dev"):
+        if str(out) == pseudo or str(out).startswith(pseudo + "/"):
+            raise UsageError(f"{out}: cannot write an output under {pseudo} (a kernel pseudo file system)")
+    with contextlib.suppress(OSError):
+        clean_stale_temps(out)
+    if (out.exists() or out.is_symlink()) and not overwrite:
         raise UsageError(f"{out}: already exists (pass --overwrite to replace it)")
     parent = out.parent
     while not parent.exists() and parent != parent.parent:
@@ -273,22 +341,47 @@ def _pid_alive(pid: int) -> bool:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
-    except PermissionError:
+    except (PermissionError, OverflowError):
         return True
     return True
 
 
+def _dead_writer(p: Path, prefix: str) -> bool:
+    """Whether ``p`` (``prefix`` + ``PID[-...]``) was left by a process that no longer runs."""
+    pid = p.name[len(prefix):].split("-", 1)[0]
+    return pid.isdigit() and int(pid) != os.getpid() and not _pid_alive(int(pid))
+
+
+def _remove(p: Path) -> None:
+    shutil.rmtree(p, ignore_errors=True) if p.is_dir() and not p.is_symlink() else p.unlink(missing_ok=True)
+
+
 def clean_stale_temps(out: Path) -> list[Path]:
-    """Remove ``.OUT.tmp-PID-*`` siblings left by runs that were killed (their PID is gone)."""
+    """Remove what killed writers of ``out`` left behind (their PID is gone):
+
+    - ``.OUT.tmp-PID-*``: the temporary output of a run killed before its rename;
+    - ``.OUT.old-PID``: the previous OUT of an ``--overwrite`` run killed between its two renames. When
+      OUT is missing (killed after moving the old OUT aside, before moving the new one in), the old OUT
+      is put back (the interrupted run's result is incomplete by definition: its temp dir is removed);
+      when OUT exists (killed after the second rename), the old one is removed.
+
+    Called by every output check, so a refused run cleans up too."""
     out = Path(out)
-    removed = []
+    removed: list[Path] = []
     if not out.parent.is_dir():
         return removed
     for p in out.parent.glob(f".{out.name}.tmp-*"):
-        parts = p.name[len(f".{out.name}.tmp-"):].split("-", 1)
-        if parts and parts[0].isdigit() and int(parts[0]) != os.getpid() and not _pid_alive(int(parts[0])):
-            shutil.rmtree(p, ignore_errors=True) if p.is_dir() else p.unlink(missing_ok=True)
+        if _dead_writer(p, f".{out.name}.tmp-"):
+            _remove(p)
             removed.append(p)
+    olds = sorted((p for p in out.parent.glob(f".{out.name}.old-*") if _dead_writer(p, f".{out.name}.old-")),
+                  key=lambda p: p.lstat().st_mtime, reverse=True)
+    for p in olds:
+        if not (out.exists() or out.is_symlink()):
+            p.rename(out)  # the newest previous OUT comes back
+        else:
+            _remove(p)
+        removed.append(p)
     return removed
 
 
@@ -309,11 +402,13 @@ def atomic_output(out: Path, overwrite: bool = False) -> Iterator[Path]:
     second writer gets "already exists", never a silently lost result). Temp dirs of killed runs on
     the same ``out`` are removed first."""
     out = check_output(out, overwrite)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    clean_stale_temps(out)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-{os.getpid()}-", dir=out.parent))
-    tmp.chmod(0o755)  # mkdtemp makes it 0700; the output is an ordinary directory
     try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-{os.getpid()}-", dir=out.parent))
+    except OSError as e:
+        raise UsageError(f"{out}: cannot create it ({e.strerror or type(e).__name__})") from None
+    try:
+        tmp.chmod(0o755)  # mkdtemp makes it 0700; the output is an ordinary directory
         yield tmp
         _ordinary_modes(tmp)
         if out.exists() or out.is_symlink():
@@ -321,8 +416,13 @@ def atomic_output(out: Path, overwrite: bool = False) -> Iterator[Path]:
                 raise UsageError(f"{out}: already exists (written by another run meanwhile; pass --overwrite to replace it)")
             old = out.with_name(f".{out.name}.old-{os.getpid()}")
             out.rename(old)
-            tmp.rename(out)
-            shutil.rmtree(old) if old.is_dir() else old.unlink()
+            try:
+                tmp.rename(out)
+            except BaseException:  # e.g. SIGTERM between the two renames: the previous OUT comes back
+                if not (out.exists() or out.is_symlink()):
+                    old.rename(out)
+                raise
+            _remove(old)  # a kill here leaves .OUT.old-PID beside the new OUT: the next run removes it
         else:
             try:
                 os.mkdir(out)  # claims the name atomically: a concurrent writer fails here
@@ -342,8 +442,11 @@ def atomic_file(out: Path, overwrite: bool = True) -> Iterator[Path]:
     if out.is_dir():
         raise UsageError(f"{out}: is a directory (give a file path)")
     check_output(out, overwrite)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{out.name}.tmp-{os.getpid()}-", dir=out.parent)
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=f".{out.name}.tmp-{os.getpid()}-", dir=out.parent)
+    except OSError as e:
+        raise UsageError(f"{out}: cannot create it ({e.strerror or type(e).__name__})") from None
     os.close(fd)
     os.chmod(tmp, 0o644)
     try:

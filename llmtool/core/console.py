@@ -4,6 +4,11 @@ and the mapping of user errors to a one-line message and exit code 2.
 Every command prints its human-readable output through :func:`emit` (a rich table on stdout, or
 one JSON document when the global ``--json`` flag is set) and reports loops over layers/samples
 through :func:`progress` (drawn on stderr, silent under ``--json`` or when stderr is no terminal).
+
+Text that comes from the user (paths, file contents, option values) may contain rich markup such as
+``x[/bold]y``: every message printed here goes out with markup *off* (the error prefix is styled as a
+:class:`rich.text.Text`, table cells are :class:`~rich.text.Text`), so such a path prints as typed and never
+raises ``MarkupError`` -- in particular not after a command has written its output.
 """
 from __future__ import annotations
 
@@ -15,6 +20,7 @@ from typing import Any, Iterable, Iterator, NoReturn, Sequence, TypeVar
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
+from rich.text import Text
 
 T = TypeVar("T")
 
@@ -26,6 +32,15 @@ class UsageError(Exception):
     """A problem with the user's input (file, option, value). Printed as one line; exit code 2."""
 
     exit_code = 2
+
+
+class Terminated(BaseException):
+    """Raised in the main thread by the SIGTERM handler the CLI installs: like Ctrl-C it unwinds every
+    ``finally``/``except BaseException`` (temporary outputs are removed), then the CLI prints
+    ``error: terminated`` and exits 143 (128 + SIGTERM). Not a KeyboardInterrupt subclass, so that the
+    two exit codes stay apart."""
+
+    exit_code = 143
 
 
 @dataclass
@@ -63,7 +78,10 @@ def progress(items: Iterable[T], description: str, total: int | None = None) -> 
 def info(message: str) -> None:
     """A status line on stderr (never mixed into --json stdout)."""
     if not OPTIONS.quiet:
-        stderr.print(message, highlight=False)
+        try:
+            stderr.print(message, highlight=False, markup=False, soft_wrap=True)
+        except Exception:  # a status line never fails a command (e.g. after its output is written)
+            sys.stderr.write(f"{message}\n")
 
 
 def _fmt(value: Any) -> str:
@@ -95,7 +113,12 @@ def markdown_table(rows: Sequence[dict], columns: Sequence[str] | None = None) -
 
 def emit(result: Any, rows: Sequence[dict] | None = None, title: str | None = None) -> None:
     """Print a command's result: ``result`` as JSON under --json, else ``rows`` as a table
-    (or ``result`` as key/value rows when it is a flat dict)."""
+    (or ``result`` as key/value rows when it is a flat dict). Under a multi-process launch only the main
+    process prints (see :mod:`llmtool.core.dist`)."""
+    from llmtool.core.dist import is_main
+
+    if not is_main():
+        return
     if OPTIONS.json:
         sys.stdout.write(json.dumps(result, indent=2, default=_json_default) + "\n")
         return
@@ -104,7 +127,7 @@ def emit(result: Any, rows: Sequence[dict] | None = None, title: str | None = No
     if rows:
         stdout.print(table(rows, title=title))
     elif result is not None and not isinstance(result, dict):
-        stdout.print(result)
+        stdout.print(result, markup=False)
 
 
 def _json_default(obj: Any) -> Any:
@@ -133,5 +156,8 @@ def _json_default(obj: Any) -> Any:
 
 def fail(message: str, code: int = 2) -> NoReturn:
     """Print ``error: message`` on stderr and exit with ``code`` (no traceback)."""
-    stderr.print(f"[red]error:[/red] {message}", highlight=False, soft_wrap=True)
+    try:
+        stderr.print(Text.assemble(("error:", "red"), " " + str(message)), highlight=False, soft_wrap=True)
+    except Exception:  # never a traceback while reporting an error
+        sys.stderr.write(f"error: {message}\n")
     raise SystemExit(code)

@@ -29,9 +29,18 @@ def apply_threads(threads: int | None = None) -> None:
     """The one thread policy: ``--threads N`` (or $LLMTOOL_THREADS); unset leaves torch's default."""
     import os
 
+    from llmtool.core.console import UsageError
+    from llmtool.core.options import check_count
+
     n = threads if threads is not None else OPTIONS.threads
-    if n is None and os.environ.get("LLMTOOL_THREADS", "").isdigit():
-        n = int(os.environ["LLMTOOL_THREADS"])
+    flag = "--threads"
+    env = os.environ.get("LLMTOOL_THREADS", "").strip()
+    if n is None and env:
+        if not env.isdigit() or int(env) < 1:
+            raise UsageError(f"$LLMTOOL_THREADS={env!r}: expected a positive integer")
+        n, flag = int(env), "$LLMTOOL_THREADS"
+    if n is not None:
+        check_count(flag, "threads", int(n))  # never more threads than cores (a typo must not fork-bomb)
     if n:
         import torch
 
@@ -93,7 +102,7 @@ def job(command: str, out: Path | str, *, overwrite: bool = False, config: Any =
     ``check_config(path, config_dict)`` runs the command's own cheap checks of the checkpoint's
     config.json (architecture, already-quantized, ...) before the weights are read, so a checkpoint
     that is wrong in several ways is refused for the reason that concerns the command."""
-    from llmtool.core.checkpoint import atomic_output, check_output, write_provenance
+    from llmtool.core.checkpoint import check_output, write_provenance
 
     model_path = None
     if model is not None:
@@ -107,9 +116,14 @@ def job(command: str, out: Path | str, *, overwrite: bool = False, config: Any =
     used_seed = set_seed(seed)
     apply_threads()
     start = time.time()
-    with atomic_output(out_path, overwrite=overwrite) as tmp:
+    from llmtool.core import dist
+
+    # one OUT whatever the number of processes: non-main ranks of a launch work in a scratch dir (core/dist.py)
+    with dist.output_dir(out_path, overwrite=overwrite) as tmp:
         j = Job(command=command, dir=tmp, out=out_path, model_arg=model, model_path=model_path, config=config)
         yield j
+        if not dist.is_main():
+            return
         cfg = config_dict(config)
         j.report.setdefault("seconds", round(time.time() - start, 3))
         if write_report:

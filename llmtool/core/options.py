@@ -18,3 +18,92 @@ CalibSeqlen = Annotated[int, typer.Option("--calib-seqlen", min=2, help="Tokens 
 EvalData = Annotated[str, typer.Option("--data", help="Eval text: packaged dataset name or a text file.")]
 Seqlen = Annotated[int, typer.Option("--seqlen", min=2, help="Tokens per evaluation window.")]
 MaxTokens = Annotated[int, typer.Option("--max-tokens", min=2, help="Evaluate on the first N tokens of the text.")]
+
+
+# ----------------------------------------------------------------------------------------- count bounds
+# The one place that bounds every count option of the command line, so that a typo (an extra zero or
+# three) cannot take the host down: ``--threads 1000000`` spawned threads until the machine-wide process
+# limit and no process on the host could fork for a minute. An option is bounded by its *name* (the
+# Typer parameter or config field name), wherever it is declared: the root wraps every command's
+# callback with :func:`check_counts` (before the command imports anything heavy) and
+# :meth:`llmtool.core.registry.MethodConfig.validate` applies the same table to config fields.
+import os as _os  # noqa: E402
+
+
+def available_cpus() -> int:
+    """CPU cores this process may run on (its affinity mask, which a container or `taskset` narrows)."""
+    try:
+        return max(1, len(_os.sched_getaffinity(0)))
+    except (AttributeError, OSError):  # pragma: no cover - not Linux
+        return max(1, _os.cpu_count() or 1)
+
+
+def total_memory_mb() -> int:
+    """Physical memory in MiB (a generous fallback where sysconf does not say)."""
+    try:
+        return int(_os.sysconf("SC_PAGE_SIZE") * _os.sysconf("SC_PHYS_PAGES") // 2**20)
+    except (ValueError, OSError, AttributeError):  # pragma: no cover
+        return 1 << 20
+
+
+CORES = "cores"          # processes and threads: at most the cores this process may use
+MEMORY_MB = "memory"     # a memory size in MiB: at most the machine's physical memory
+IN_FLIGHT = 1024         # concurrent requests/episodes (threads that mostly wait on a remote endpoint)
+BATCH = 1 << 16          # items per forward pass / optimizer step
+TOKENS = 1 << 20         # a sequence length or a token budget per item (1M tokens)
+ITEMS = 10_000_000       # items to draw, generate or keep in memory
+DIM = 1 << 16            # a model width for models built from scratch
+DEPTH = 4096             # layers, heads, ranks of models built from scratch
+
+COUNT_BOUNDS: dict[str, int | str] = {
+    **dict.fromkeys(("threads", "workers", "num_workers", "num_proc", "processes", "jobs"), CORES),
+    **dict.fromkeys(("concurrency",), IN_FLIGHT),
+    **dict.fromkeys(("mem_mb",), MEMORY_MB),
+    **dict.fromkeys(("batch_size", "micro_batch", "mini_batch", "proxy_batch_size", "batch_rows", "z_batch",
+                     "edits_per_batch", "group_size", "prompts_per_rollout"), BATCH),
+    **dict.fromkeys(("seqlen", "calib_seqlen", "grad_seqlen", "proj_seqlen", "train_seqlen", "max_length",
+                     "max_new_tokens", "max_tokens", "proxy_context", "continuation", "prefix", "length",
+                     "window", "window_size", "residual_length", "fluency_tokens", "max_raw_chars",
+                     "max_output_kb", "human_words", "prompt_words"), TOKENS),
+    **dict.fromkeys(("samples", "calib_samples", "grad_samples", "proj_samples", "mom2_samples", "sc_samples",
+                     "n", "reps", "lrf_reps", "episodes", "runs", "train", "val", "test", "items", "n_votes",
+                     "draws", "chains", "trials", "queries", "val_queries", "candidates", "per_domain",
+                     "n_train", "limit", "fluency_prompts", "calib_texts", "random_controls", "budget",
+                     "n_estimators", "n_init", "inner", "k", "top", "top_docs", "top_terms", "proxies",
+                     "interactions", "val_blocks", "max_blocks", "patterns", "history", "max_rounds"), ITEMS),
+    **dict.fromkeys(("d_model", "hidden", "proxy_d_model", "proxy_vocab", "intermediate_size"), DIM),
+    **dict.fromkeys(("layers", "heads", "proxy_layers", "proxy_heads", "lora_r", "rank", "stages",
+                     "max_depth", "max_tree_depth", "kernel_size"), DEPTH),
+}
+
+
+def count_bound(name: str) -> tuple[int, str] | None:
+    """``(upper bound, why)`` of the count option ``name`` (a parameter or config field name), or None."""
+    kind = COUNT_BOUNDS.get(name)
+    if kind is None:
+        return None
+    if kind == CORES:
+        n = available_cpus()
+        return n, f"the {n} CPU core(s) available to this process"
+    if kind == MEMORY_MB:
+        n = total_memory_mb()
+        return n, f"this machine's {n} MiB of memory"
+    return int(kind), "a sane upper bound for this count"
+
+
+def check_count(flag: str, name: str, value) -> None:
+    """Refuse ``value`` of count option ``name`` (shown as ``flag``) above its bound: one line, exit 2."""
+    from llmtool.core.console import UsageError
+
+    bound = count_bound(name)
+    if bound is None or isinstance(value, bool) or not isinstance(value, int):
+        return
+    if value > bound[0]:
+        raise UsageError(f"{flag} {value}: at most {bound[0]} ({bound[1]})")
+
+
+def check_counts(values: dict, flags: dict[str, str] | None = None) -> None:
+    """:func:`check_count` over a command's keyword arguments (``flags`` maps a name to its option)."""
+    flags = flags or {}
+    for name, value in values.items():
+        check_count(flags.get(name, "--" + name.replace("_", "-")), name, value)

@@ -43,30 +43,91 @@ def check_causal_lm(path: Path, config: dict | None = None) -> dict:
     return config
 
 
+def _auto_map_at(config: Any, where: str = "", depth: int = 0) -> str | None:
+    """The dotted location of an ``auto_map`` key anywhere in ``config`` (sub-configs such as
+    ``text_config`` or ``vision_config`` included), or None."""
+    if depth > 32:
+        return None
+    if isinstance(config, dict):
+        if "auto_map" in config:
+            return f"{where}.auto_map" if where else "auto_map"
+        for k, v in config.items():
+            found = _auto_map_at(v, f"{where}.{k}" if where else str(k), depth + 1)
+            if found:
+                return found
+    elif isinstance(config, list):
+        for i, v in enumerate(config):
+            found = _auto_map_at(v, f"{where}[{i}]", depth + 1)
+            if found:
+                return found
+    return None
+
+
 def refuse_remote_code(path: Path, config: dict | None = None) -> None:
-    """A checkpoint whose config asks to run its own code (``auto_map``) is refused: llmtool never runs
-    remote code, and transformers would otherwise ask on a terminal."""
-    import json
+    """A checkpoint whose config asks to run its own code (``auto_map``, at the top or in any sub-config)
+    is refused: llmtool never runs remote code, and transformers would otherwise ask on a terminal."""
+    from llmtool.core.checkpoint import read_json
 
     config = config if config is not None else read_config(path)
-    if "auto_map" in config:
-        raise UsageError(f"{path}/config.json: auto_map asks to run the checkpoint's own code; "
+    found = _auto_map_at(config)
+    if found:
+        raise UsageError(f"{path}/config.json: {found} asks to run the checkpoint's own code; "
                          "llmtool never runs remote code")
     tc = Path(path) / "tokenizer_config.json"
-    if tc.is_file():
-        try:
-            if "auto_map" in json.loads(tc.read_text()):
-                raise UsageError(f"{tc}: auto_map asks to run the checkpoint's own code; llmtool never runs remote code")
-        except (json.JSONDecodeError, UnicodeDecodeError):
-            raise UsageError(f"{tc}: invalid JSON") from None
+    if tc.exists() or tc.is_symlink():
+        found = _auto_map_at(read_json(tc))
+        if found:
+            raise UsageError(f"{tc}: {found} asks to run the checkpoint's own code; llmtool never runs remote code")
 
 
-def check_weights(path: Path) -> None:
-    """Every weight file's safetensors header is checked against its size before anything loads it."""
+# config.json sizes that must be positive integers when present (at the top or in a sub-config such as
+# text_config): zero attention heads made transformers divide by zero deep inside model construction.
+POSITIVE_CONFIG_INTS = ("num_attention_heads", "num_key_value_heads", "hidden_size", "num_hidden_layers",
+                        "intermediate_size", "vocab_size", "head_dim")
+
+
+def check_config_values(path: Path, config: dict) -> None:
+    """The architecture sizes of config.json are positive integers and the attention heads divide evenly
+    into key/value groups; a violation is a one-line error naming the key (before any import of
+    transformers, which would otherwise fail with a ZeroDivisionError or a shape error)."""
+    subs = [("", config)] + [(f"{k}.", v) for k, v in config.items() if k.endswith("_config") and isinstance(v, dict)]
+    for prefix, cfg in subs:
+        for key in POSITIVE_CONFIG_INTS:
+            if key not in cfg or cfg[key] is None:
+                continue
+            v = cfg[key]
+            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+                raise UsageError(f"{path}/config.json: {prefix}{key} = {v!r} must be a positive integer")
+        heads, kv = cfg.get("num_attention_heads"), cfg.get("num_key_value_heads")
+        if isinstance(heads, int) and isinstance(kv, int) and heads % kv:
+            raise UsageError(f"{path}/config.json: {prefix}num_attention_heads = {heads} is not a multiple of "
+                             f"{prefix}num_key_value_heads = {kv}")
+
+
+FLOAT_DTYPES = {"F16", "BF16", "F32", "F64", "F8_E4M3", "F8_E5M2"}
+
+
+def check_weights(path: Path, config: dict | None = None) -> None:
+    """Every weight file's safetensors header is checked against its size before anything loads it. In
+    a plain floating-point checkpoint (no ``quantization_config``, not an llmtool packed/low-rank format)
+    every ``*.weight`` tensor must be stored as floating point: integer or boolean weights would otherwise
+    be cast silently into meaningless floats."""
     from llmtool.core.checkpoint import check_safetensors, weight_files
 
+    if config is None:
+        try:
+            config = read_config(path)
+        except UsageError:
+            config = {}
+    packed = "quantization_config" in config or any(str(k).startswith("llmtool_") for k in config)
     for f in weight_files(path):
-        check_safetensors(f)
+        header = check_safetensors(f)
+        if packed:
+            continue
+        for name, info in header.items():
+            if name != "__metadata__" and name.endswith(".weight") and info.get("dtype") not in FLOAT_DTYPES:
+                raise UsageError(f"{f}: weight {name} is stored as {info.get('dtype')}; a floating-point "
+                                 "checkpoint needs floating-point weights (refusing to cast them)")
 
 
 def check_inputs(inputs: Iterable[Any]) -> tuple[Path, ...]:
@@ -97,9 +158,10 @@ def checked_model(model: str | os.PathLike, check_config: Callable[[Path, dict],
     model_path = resolve_model(model)
     config = check_causal_lm(model_path)
     refuse_remote_code(model_path, config)
+    check_config_values(model_path, config)
     if check_config is not None:
         check_config(model_path, config)
-    check_weights(model_path)
+    check_weights(model_path, config)
     return model_path
 
 

@@ -33,6 +33,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, ClassVar, Generic, Optional, TypeVar
 
 from llmtool.core.console import UsageError
+from llmtool.core.options import check_count
 
 T = TypeVar("T")
 
@@ -121,6 +122,8 @@ class MethodConfig:
                     continue
                 if isinstance(item, (int, float)):
                     _check_number(flag, item, meta)
+                    if meta.get("max") is None:  # the shared count bounds (core/options.py) by field name
+                        check_count(flag, f.name, item)
                 if meta.get("choices") is not None and item not in meta["choices"]:
                     raise UsageError(f"{flag} {item!r}: choose one of {', '.join(map(str, meta['choices']))}")
 
