@@ -7,20 +7,38 @@ from typing import Annotated
 import typer
 
 from llmtool.core import defaults
-from llmtool.core.console import UsageError, emit
+from llmtool.core.console import OPTIONS, UsageError, emit, stdout
 
 app = typer.Typer(no_args_is_help=True)
 
 
 @app.command("list")
 def list_models() -> None:
-    """List the default models that ship inside packages, and whether they are materialized."""
+    """List the models that ship inside packages: licence, provenance, packages, and whether each is
+    materialized under $LLMTOOL_HOME (under --json: every field, one object per model)."""
     rows = []
     for m in defaults.MODELS.values():
         d = defaults.model_dir(m.alias)
-        rows.append({"alias": m.alias, "package": m.pip_name, "licence": m.licence,
-                     "pulled": (d / "config.json").is_file(), "path": str(d), "description": m.description})
-    emit(rows, rows=rows, title="default models")
+        missing = m.missing_modules()
+        rows.append({"alias": m.alias, "default": m.alias == defaults.DEFAULT_MODEL, "licence": m.licence,
+                     "provenance": m.provenance, "description": m.description, "quant": m.quant,
+                     "packages": m.pip_name, "installed": not missing, "install": m.pip_command,
+                     "materialized": (d / "config.json").is_file(), "path": str(d)})
+    if OPTIONS.json:
+        emit(rows)
+        return
+    from rich.table import Table
+
+    # Long licence/provenance cells fold inside their column instead of being cut at the terminal width.
+    t = Table(title="packaged models", show_lines=True)
+    for col, ratio in (("alias", 2), ("licence", 2), ("provenance", 4), ("packages", 3), ("state", 2)):
+        t.add_column(col, overflow="fold", ratio=ratio)
+    for r in rows:
+        state = ("materialized" if r["materialized"] else "not pulled" if r["installed"] else "not installed")
+        names = r["packages"].split()
+        pkgs = names[0].split("==")[0] + (f" (+{len(names) - 1} more)" if len(names) > 1 else "")
+        t.add_row(r["alias"] + (" (default)" if r["default"] else ""), r["licence"], r["provenance"], pkgs, state)
+    stdout.print(t)
 
 
 @app.command("pull")
