@@ -3,6 +3,7 @@ ablations, SetPO diversity shaping) and its evaluation. Torch/transformers are i
 commands so `llmtool --help` stays fast."""
 
 
+import contextlib
 import json
 from pathlib import Path
 from typing import Annotated, Optional
@@ -69,6 +70,12 @@ def grpo(
     rollout_endpoint: Annotated[Optional[str], typer.Option("--rollout-endpoint", help="OpenAI-compatible server "
                                                             "(e.g. vLLM) for rollouts instead of local sampling.")] = None,
     rollout_model: Annotated[Optional[str], typer.Option("--rollout-model", help="Model name on the endpoint.")] = None,
+    allow_stale_rollouts: Annotated[bool, typer.Option("--allow-stale-rollouts", help="With --rollout-endpoint and "
+                                                       "--steps > 1: train on rollouts of the server's fixed "
+                                                       "(initial) weights on purpose; recorded per step.")] = False,
+    logp_chunk: Annotated[Optional[int], typer.Option("--logp-chunk", help="Sequence positions per chunk of the "
+                                                      "selective log-softmax (default: auto, ~64 MB of fp32 "
+                                                      "logits; 0 = full-vocabulary reference).")] = None,
     overwrite: Overwrite = False,
     shaping: MethodConfig = None,  # type: ignore[assignment]
 ) -> None:
@@ -83,7 +90,7 @@ def grpo(
     from llmtool.core.console import OPTIONS, UsageError, emit, info
     from llmtool.core.job import job
     from llmtool.train import rl_data
-    from llmtool.train.grpo import GRPOSettings, GRPOTrainerLoop, latest_checkpoint
+    from llmtool.train.grpo import GRPOSettings, GRPOTrainerLoop, check_resume_dir, latest_checkpoint
     from llmtool.train.rewards import make_reward_fn, parse_reward
 
     rcfg = parse_reward(reward)
@@ -96,27 +103,51 @@ def grpo(
                             loss_type=loss, clip_eps=clip_eps, clip_eps_high=clip_eps_high, loss_agg=loss_agg,
                             kl_coef=kl_coef, entropy_coef=entropy_coef, temperature=temperature, top_p=top_p,
                             max_new_tokens=max_new_tokens, gen_batch_size=batch_size, seed=OPTIONS.seed,
-                            save_every=save_every, marker=marker, system_prompt=system_prompt)
+                            save_every=save_every, marker=marker, system_prompt=system_prompt,
+                            logp_chunk=logp_chunk)
     settings.validate()
     if rollout_endpoint and not rollout_model:
         raise UsageError("--rollout-endpoint needs --rollout-model (the model name on the server)")
+    if allow_stale_rollouts and not rollout_endpoint:
+        raise UsageError("--allow-stale-rollouts applies only with --rollout-endpoint")
+    if rollout_endpoint and steps > 1 and not allow_stale_rollouts:
+        raise UsageError(f"--rollout-endpoint with --steps {steps}: an OpenAI-compatible server cannot receive the "
+                         "updated weights, so every phase after the first would sample from the initial policy "
+                         "(stale rollouts, no correction); use --engine trl with vLLM (server or colocate mode "
+                         "syncs the weights after every update), --steps 1, or --allow-stale-rollouts to train "
+                         "on stale rollouts on purpose (recorded per step)")
     rows = rcfg.prepare_rows(rl_data.load_rows(data, need_answer=rcfg.needs_answer))
     ckpt_root = checkpoint_dir or out.with_name(out.name + ".checkpoints")
     start = latest_checkpoint(ckpt_root) if resume else None
     if resume and start is None:
         raise UsageError(f"--resume: no complete checkpoint under {ckpt_root}")
+    if start is not None:
+        check_resume_dir(start)  # the checks a MODEL argument gets; a pickle file is refused, never opened
     config = {"method": "grpo", "reward": rcfg.as_dict(), "shaping": shaping.as_dict(),
               **{k: v for k, v in vars(settings).items()}, "data": str(data),
               "rollout_endpoint": rollout_endpoint, "rollout_model": rollout_model}
+    if rollout_endpoint:
+        config["rollout_weights"] = ("server's own, never synced: phases after the first are stale"
+                                     if steps > 1 else "server's own (one phase: the initial policy)")
     if start is not None:
-        saved = json.loads((start / "progress.json").read_text()).get("config", {})
+        try:
+            saved = json.loads((start / "progress.json").read_text()).get("config", {})
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError, AttributeError):
+            raise UsageError(f"{start}/progress.json: missing or not a JSON object") from None
         diff = [k for k in saved if k not in ("steps", "save_every") and saved.get(k) != config.get(k)]
         if diff:
             raise UsageError(f"--resume: the checkpoint {start} was made with different settings ({', '.join(diff)})")
-    with job("train grpo", out=out, overwrite=overwrite, config=config, model=model) as j:
-        import copy
+    import torch
+    from accelerate import PartialState
 
-        import torch
+    dist = PartialState(cpu=not torch.cuda.is_available())  # torchrun / accelerate launch: one per process
+    main = dist.is_main_process
+    if rollout_endpoint and steps > 1 and main:
+        info(f"warning: --allow-stale-rollouts: phases 2..{steps} sample from the server's initial weights "
+             "(recorded as rollout_policy_lag in metrics.jsonl)")
+    with (job("train grpo", out=out, overwrite=overwrite, config=config, model=model) if main
+          else _worker_job("train grpo", out, model, config)) as j:
+        import copy
 
         policy = j.model
         tok = j.tokenizer
@@ -138,20 +169,21 @@ def grpo(
                                ref_model=ref, rollout_fn=rollout_fn, metrics_path=metrics,
                                checkpoint_dir=ckpt_root if save_every else None, on_step=on_step)
         loop.config_record = config  # stored in checkpoints for --resume checks
+        if rollout_endpoint:
+            loop.stale_rollouts = True  # each record says how many phases the server's weights lag behind
         if start is not None:
             loop.load_checkpoint(start)
-            with open(metrics, "w") as fh:
-                for r in loop.history:
-                    fh.write(json.dumps(r) + "\n")
-            info(f"grpo: resumed from {start} (phase {loop.phase})")
+            if main:
+                with open(metrics, "w") as fh:
+                    for r in loop.history:
+                        fh.write(json.dumps(r) + "\n")
+                info(f"grpo: resumed from {start} (phase {loop.phase})")
         torch.manual_seed(settings.seed)
         hist = loop.train()
-        final = loop.acc.unwrap_model(loop.model)
-        final.save_pretrained(j.dir, safe_serialization=True)
-        tok.save_pretrained(j.dir)
         firsts = [h for h in hist if h.get("update_in_phase") == 0]
         summary = {
             "phases": loop.phase, "optimizer_steps": loop.step, "updates_per_phase": loop.n_updates,
+            "processes": loop.world,
             "reward_first": firsts[0]["reward_mean"] if firsts else None,
             "reward_last": firsts[-1]["reward_mean"] if firsts else None,
             "clip_frac_mean": sum(h["clip_frac"] for h in hist) / max(len(hist), 1),
@@ -159,16 +191,43 @@ def grpo(
             "marker_last": firsts[-1].get("marker_freq") if firsts else None,
             "resumed_from": str(start) if start is not None else None,
         }
-        j.report.update(summary)
+        if main:
+            final = loop.acc.unwrap_model(loop.model)
+            final.save_pretrained(j.dir, safe_serialization=True)
+            tok.save_pretrained(j.dir)
+            j.report.update(summary)
+    dist.wait_for_everyone()  # OUT is complete (renamed by the main process) before any process exits
+    if not main:
+        return
     if not keep_checkpoints and ckpt_root.is_dir() and save_every:
         shutil.rmtree(ckpt_root, ignore_errors=True)
     emit({"out": str(out), **summary}, title="train grpo")
 
 
+@contextlib.contextmanager
+def _worker_job(command: str, out: Path, model: str, config: dict):
+    """What a non-main process of a multi-process launch runs instead of :func:`llmtool.core.job.job`:
+    the same model checks, seed and thread policy, but a private scratch directory that is discarded:
+    only the main process writes OUT, its provenance and checkpoints."""
+    import tempfile
+
+    from llmtool.core.job import Job, apply_threads
+    from llmtool.core.models import set_seed
+    from llmtool.core.preflight import checked_model
+
+    path = checked_model(model)
+    set_seed(None)
+    apply_threads()
+    with tempfile.TemporaryDirectory(prefix="llmtool-rank-") as d:
+        yield Job(command=command, dir=Path(d), out=Path(out), model_arg=model, model_path=path, config=config)
+
+
 def _endpoint_rollouts(api_base: str, model_name: str, tokenizer):
     """Rollouts from an OpenAI-compatible server. Old log-probs are still computed by the training
-    model (never the sampler's), so the importance ratio is well defined; the server's weights are
-    the user's to keep in sync (the ratio then measures the staleness)."""
+    model (never the sampler's), so the importance ratio is well defined. A generic server cannot receive
+    weights: the command refuses ``--steps > 1`` unless ``--allow-stale-rollouts`` (then every metrics
+    record carries ``rollout_policy_lag``, the phases the server's weights are behind); ``--engine trl``
+    with vLLM is the weight-synced path."""
     from llmtool.core.endpoint import OpenAIEndpoint
     from llmtool.core.lm import Completion
 

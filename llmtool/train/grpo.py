@@ -185,6 +185,7 @@ class GRPOSettings:
     save_every: int = 0               # phases between checkpoints (0 = only at the end)
     marker: str = ""                  # behaviour tracker substring ("" = off)
     system_prompt: str | None = None
+    logp_chunk: int | None = None     # positions per log-prob chunk (None: auto, 0: full-vocabulary reference)
 
     def validate(self) -> None:
         from llmtool.core.console import UsageError
@@ -206,6 +207,8 @@ class GRPOSettings:
             raise UsageError(f"--clip-eps-high {self.clip_eps_high}: must be a finite number >= 0")
         if self.lr == 0:
             raise UsageError("--lr 0: must be > 0")
+        if self.logp_chunk is not None and self.logp_chunk < 0:
+            raise UsageError(f"--logp-chunk {self.logp_chunk}: must be >= 0 (0 = full-vocabulary reference)")
         if self.temperature == 0:
             raise UsageError("--temperature 0: RL rollouts must be sampled (temperature > 0)")
         if not 0 < self.top_p <= 1:
@@ -227,9 +230,17 @@ class Rollout:
     reward: float = 0.0
     advantage: float = 0.0
     extra: dict = field(default_factory=dict)
+    global_index: int = -1            # the prompt's position in the phase over all ranks (-1: = prompt_index)
+
+    def __post_init__(self):
+        if self.global_index < 0:
+            self.global_index = self.prompt_index
 
 
 # ------------------------------------------------------------------------------------ log-probs
+LOGP_CHUNK_ELEMENTS = 1 << 24   # fp32 logits entries per chunk in the automatic chunk size (64 MB)
+
+
 def _pad_batch(rollouts: Sequence[Rollout], pad_id: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Right-padded ``input_ids``, ``attention_mask`` and the response mask aligned with targets ``[:, 1:]``."""
     width = max(len(r.prompt_ids) + len(r.completion_ids) for r in rollouts)
@@ -244,11 +255,100 @@ def _pad_batch(rollouts: Sequence[Rollout], pad_id: int) -> tuple[torch.Tensor, 
     return ids, att, resp
 
 
+def _head_logits(h: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, softcap: float | None,
+                 temperature: float) -> torch.Tensor:
+    logits = torch.nn.functional.linear(h, weight, bias).float()
+    if softcap:
+        logits = torch.tanh(logits / softcap) * softcap
+    return logits / temperature
+
+
+def _chunk_logp_entropy(h: torch.Tensor, targets: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
+                        softcap: float | None, temperature: float, with_entropy: bool):
+    """Selective log-softmax of one chunk of positions: ``logit[target] - logsumexp(logits)`` and the exact
+    entropy ``logsumexp - Σ p·logit``; only this chunk's ``[B, c, V]`` logits ever exist."""
+    logits = _head_logits(h, weight, bias, softcap, temperature)
+    lse = torch.logsumexp(logits, -1)
+    logp = logits.gather(-1, targets[..., None]).squeeze(-1) - lse
+    if not with_entropy:
+        return logp, None
+    p = torch.exp(logits - lse[..., None])
+    return logp, lse - (p * logits).sum(-1)
+
+
+def _output_head(model):
+    """``(weight, bias, softcap)`` of the LM head of ``model`` (unwrapped), or None when it is not a plain
+    linear layer."""
+    base = getattr(model, "module", model)
+    head = base.get_output_embeddings() if hasattr(base, "get_output_embeddings") else None
+    if not isinstance(head, torch.nn.Linear):
+        return None
+    cfg = getattr(base, "config", None)
+    softcap = getattr(cfg, "final_logit_softcapping", None) if cfg is not None else None
+    cfg_text = getattr(cfg, "get_text_config", lambda: cfg)() if cfg is not None else None
+    softcap = softcap or getattr(cfg_text, "final_logit_softcapping", None)
+    return head.weight, head.bias, softcap
+
+
+def auto_chunk(batch: int, vocab: int, seq: int) -> int:
+    """Positions per chunk so that one chunk's fp32 logits hold about ``LOGP_CHUNK_ELEMENTS`` entries."""
+    return max(1, min(seq, LOGP_CHUNK_ELEMENTS // max(1, batch * vocab)))
+
+
 def sequence_logps(model, ids: torch.Tensor, att: torch.Tensor, temperature: float = 1.0,
-                   with_entropy: bool = False, with_hidden: bool = False) -> dict:
+                   with_entropy: bool = False, with_hidden: bool = False, chunk: int | None = None) -> dict:
     """Log-probabilities of each target token ``[B, T-1]`` under ``model`` (logits divided by the
     sampling temperature, so they are the sampler's log-probs), optionally the token entropy and the
-    last hidden states."""
+    last hidden states.
+
+    ``chunk`` positions at a time (None: :func:`auto_chunk`; 0: the full-vocabulary reference path).
+    The chunked path asks the model for its last hidden states only (``logits_to_keep=1``) and applies
+    the LM head per chunk inside activation checkpointing, so neither the forward nor the backward ever
+    holds the ``[B, T, V]`` fp32 logits: peak memory grows with ``B·chunk·V``. It checks once per call
+    that the head it applies reproduces the model's own last-position logits (families with a logit
+    transform it does not know fall back to the full path)."""
+    if chunk == 0:
+        return _full_logps(model, ids, att, temperature, with_entropy, with_hidden)
+    head = _output_head(model)
+    if head is None:
+        return _full_logps(model, ids, att, temperature, with_entropy, with_hidden)
+    weight, bias, softcap = head
+    try:
+        out = model(input_ids=ids, attention_mask=att, use_cache=False, output_hidden_states=True, logits_to_keep=1)
+    except TypeError:  # a model class without ``logits_to_keep``
+        return _full_logps(model, ids, att, temperature, with_entropy, with_hidden)
+    hidden = out.hidden_states[-1]
+    with torch.no_grad():  # the head we apply must be the model's own (norm, softcap, scale)
+        mine = _head_logits(hidden[:, -1:], weight, bias, softcap, 1.0)
+        theirs = out.logits[:, -1:].float()
+        if mine.shape != theirs.shape or not torch.allclose(
+                mine, theirs, rtol=1e-3, atol=1e-3 * (1.0 + float(theirs.abs().max()))):
+            return _full_logps(model, ids, att, temperature, with_entropy, with_hidden)
+    h, targets = hidden[:, :-1], ids[:, 1:]
+    B, T = targets.shape
+    c = chunk or auto_chunk(B, weight.shape[0], T)
+    grad = torch.is_grad_enabled() and (h.requires_grad or weight.requires_grad)
+    lps, ents = [], []
+    for s in range(0, T, c):
+        args = (h[:, s:s + c], targets[:, s:s + c], weight, bias, softcap, temperature, with_entropy)
+        if grad:
+            from torch.utils.checkpoint import checkpoint
+
+            lp, ent = checkpoint(_chunk_logp_entropy, *args, use_reentrant=False)
+        else:
+            lp, ent = _chunk_logp_entropy(*args)
+        lps.append(lp)
+        ents.append(ent)
+    res = {"logp": torch.cat(lps, 1) if lps else hidden.new_zeros(B, 0, dtype=torch.float32)}
+    if with_entropy:
+        res["entropy"] = torch.cat(ents, 1) if ents else res["logp"].clone()
+    if with_hidden:
+        res["hidden"] = hidden
+    return res
+
+
+def _full_logps(model, ids, att, temperature, with_entropy, with_hidden) -> dict:
+    """The reference: the full ``[B, T, V]`` fp32 log-softmax."""
     out = model(input_ids=ids, attention_mask=att, use_cache=False, output_hidden_states=with_hidden)
     logits = out.logits[:, :-1].float() / temperature
     logsm = torch.log_softmax(logits, -1)
@@ -267,7 +367,27 @@ class GRPOTrainerLoop:
     ``reward_fn(rollouts, phase)`` sets ``r.reward`` on each rollout of the phase (it sees whole groups,
     so majority-vote style rewards are possible); ``shaper(rollouts, rewards, advantages, group_size,
     ctx) -> advantages`` reshapes the group advantages (GRPO: identity). ``rollout_fn`` (optional)
-    replaces local sampling (e.g. an OpenAI-compatible server)."""
+    replaces local sampling (e.g. an OpenAI-compatible server).
+
+    Under several processes (``torchrun``/``accelerate launch``; DDP) the loop is rank-correct:
+
+    - prompts: a phase takes ``prompts_per_rollout × world`` prompts; the one at phase position ``q``
+      belongs to rank ``q mod world`` (a group never spans processes, so group normalisation and SetPO
+      stay local); ``prompts_per_rollout`` and ``mini_batch`` are per process;
+    - randomness: a generation batch is seeded by (seed, phase, phase position of its first prompt) and a
+      random reward by (seed, phase, phase position, rollout), so ranks draw different noise, and with
+      one prompt per generation batch (``gen_batch_size <= G``) a prompt's rollouts do not depend on the
+      number of processes;
+    - updates: the phase's rollouts are numbered globally (``position × G + j``) and shuffled by one
+      seeded permutation shared by all ranks; optimizer step ``u`` takes the global slice
+      ``[u·M·world, (u+1)·M·world)`` and each rank trains on its members of it. The loss is normalised by
+      the global sequence/token counts of the mini-batch (token counts all-reduced) and multiplied by
+      ``world`` (DDP averages gradients), so ``world`` processes take exactly the step of one process with
+      ``world`` times the prompts and mini-batch (= gradient accumulation), up to float summation order;
+      a rank with no member in a mini-batch runs a zero-weighted backward so DDP's collectives match;
+    - outputs: only the main process writes metrics and checkpoints and reports progress; metrics are
+      reduced over ranks (rewards/advantages gathered, clip fractions and entropies summed over all
+      tokens, ratio min/max reduced)."""
 
     def __init__(self, model, tokenizer, rows: Sequence[dict], settings: GRPOSettings,
                  reward_fn: Callable, shaper: Callable | None = None, ref_model=None,
@@ -287,6 +407,9 @@ class GRPOTrainerLoop:
         self.checkpoint_dir = checkpoint_dir
         self.on_step = on_step
         self.acc = accelerator or Accelerator(cpu=not torch.cuda.is_available())
+        self.world = self.acc.num_processes
+        self.rank = self.acc.process_index
+        self.is_main = self.acc.is_main_process
         self.model = model
         params = [p for p in model.parameters() if p.requires_grad]
         self.optimizer = torch.optim.AdamW(params, lr=settings.lr, weight_decay=settings.weight_decay)
@@ -312,12 +435,33 @@ class GRPOTrainerLoop:
         self.n_updates = updates_per_phase(n_roll, settings.mini_batch)
         self.on_policy_only = self.n_updates == 1
         self.prompts_cache: dict[int, list[int]] = {}
+        self.stale_rollouts = False  # rollouts from a server whose weights are never synced (recorded per step)
+
+    # ------------------------------------------------------------------ collectives (no-ops on one process)
+    def _all_reduce(self, values: Sequence[float], op: str = "sum") -> list[float]:
+        if self.world == 1:
+            return [float(v) for v in values]
+        import torch.distributed as dist
+
+        t = torch.tensor([float(v) for v in values], dtype=torch.float64, device=self.acc.device)
+        dist.all_reduce(t, op={"sum": dist.ReduceOp.SUM, "min": dist.ReduceOp.MIN, "max": dist.ReduceOp.MAX}[op])
+        return t.cpu().tolist()
+
+    def _gather(self, t: torch.Tensor) -> torch.Tensor:
+        """Concatenation over ranks in rank order (every rank holds the same number of rollouts)."""
+        if self.world == 1:
+            return t
+        return self.acc.gather(t.to(self.acc.device)).cpu()
 
     # ------------------------------------------------------------------ data order (deterministic)
+    def phase_positions(self, phase: int) -> list[int]:
+        """This rank's positions in the phase's global prompt list (``rank, rank + world, ...``)."""
+        return list(range(self.rank, self.s.prompts_per_rollout * self.world, self.world))
+
     def phase_rows(self, phase: int) -> list[int]:
         """Row indices of ``phase``: a seeded permutation per data epoch, consumed in order; each
         accelerate process takes every ``num_processes``-th prompt."""
-        k = self.s.prompts_per_rollout * self.acc.num_processes
+        k = self.s.prompts_per_rollout * self.world
         n = len(self.rows)
         start = phase * k
         out = []
@@ -326,7 +470,13 @@ class GRPOTrainerLoop:
             perm = list(range(n))
             _random.Random(self.s.seed * 7919 + epoch).shuffle(perm)
             out.append(perm[pos])
-        return out[self.acc.process_index::self.acc.num_processes]
+        return out[self.rank::self.world]
+
+    def sampling_seed(self, phase: int, position: int) -> int:
+        """Seed of the generation batch whose first prompt is at phase position ``position``."""
+        from llmtool.train.rewards import hash_key
+
+        return hash_key(("sample", self.s.seed, phase, position)) % (2 ** 62)
 
     def prompt_text(self, row: dict) -> str:
         from llmtool.core.lm import chat_prompt
@@ -338,19 +488,22 @@ class GRPOTrainerLoop:
         from llmtool.core.lm import generate
 
         idx = self.phase_rows(phase)
+        positions = self.phase_positions(phase)
         rows = [self.rows[i] for i in idx]
         texts = [self.prompt_text(r) for r in rows]
         G = self.s.group_size
-        seed = self.s.seed * 100003 + phase
         if self.rollout_fn is not None:
-            comps = self.rollout_fn(rows, texts, G, self.s, seed)
+            comps = self.rollout_fn(rows, texts, G, self.s, self.sampling_seed(phase, positions[0]))
         else:
             model = self.acc.unwrap_model(self.model)
             was_training = model.training
             model.eval()
-            comps = generate(model, self.tokenizer, texts, max_new_tokens=self.s.max_new_tokens,
-                             temperature=self.s.temperature, top_p=self.s.top_p, n=G,
-                             batch_size=self.s.gen_batch_size, seed=seed)
+            per = max(1, self.s.gen_batch_size // G)
+            comps = []
+            for b in range(0, len(texts), per):
+                comps += generate(model, self.tokenizer, texts[b:b + per], max_new_tokens=self.s.max_new_tokens,
+                                  temperature=self.s.temperature, top_p=self.s.top_p, n=G,
+                                  batch_size=self.s.gen_batch_size, seed=self.sampling_seed(phase, positions[b]))
             model.train(was_training)
         out = []
         for pi, (row, text, group) in enumerate(zip(rows, texts, comps)):
@@ -361,7 +514,7 @@ class GRPOTrainerLoop:
                     ids = ids + [self.eos_id]
                 if not ids:  # an empty response still needs one trained token
                     ids = [self.eos_id if self.eos_id is not None else self.pad_id]
-                out.append(Rollout(pi, row, p_ids, ids, c.text, c.finish))
+                out.append(Rollout(pi, row, p_ids, ids, c.text, c.finish, global_index=positions[pi]))
         return out
 
     @torch.no_grad()
@@ -373,10 +526,10 @@ class GRPOTrainerLoop:
             chunk = rollouts[s:s + mb]
             ids, att, resp = _pad_batch(chunk, self.pad_id)
             ids, att = ids.to(self.acc.device), att.to(self.acc.device)
-            lp = sequence_logps(model, ids, att, self.s.temperature)["logp"].cpu()
+            lp = sequence_logps(model, ids, att, self.s.temperature, chunk=self.s.logp_chunk)["logp"].cpu()
             ref = None
             if self.ref_model is not None and self.s.kl_coef > 0:
-                ref = sequence_logps(self.ref_model, ids, att, self.s.temperature)["logp"].cpu()
+                ref = sequence_logps(self.ref_model, ids, att, self.s.temperature, chunk=self.s.logp_chunk)["logp"].cpu()
             for i, r in enumerate(chunk):
                 sel = resp[i]
                 r.extra["old_logp"] = lp[i][sel]
@@ -384,6 +537,36 @@ class GRPOTrainerLoop:
                     r.extra["ref_logp"] = ref[i][sel]
 
     # ------------------------------------------------------------------ one phase
+    def _phase_stats(self, rollouts: list[Rollout], rewards: torch.Tensor, adv: torch.Tensor,
+                     shape_stats: dict) -> dict:
+        """Phase statistics over every rank's rollouts."""
+        s = self.s
+        local = torch.stack([rewards, adv.to(torch.float32),
+                             torch.tensor([float(len(r.completion_ids)) for r in rollouts]),
+                             torch.tensor([float(r.finish == "length") for r in rollouts]),
+                             torch.tensor([float(bool(s.marker) and s.marker.lower() in r.text.lower())
+                                           for r in rollouts])], 1)
+        allr = self._gather(local)
+        rew, a = allr[:, 0], allr[:, 1]
+        g = rew.view(-1, s.group_size)
+        st = {
+            "reward_mean": rew.mean().item(),
+            "reward_std": rew.std().item() if len(rew) > 1 else 0.0,
+            "zero_std_groups": (g == g[:, :1]).all(1).float().mean().item(),
+            "adv_mean": a.mean().item(), "adv_abs_mean": a.abs().mean().item(),
+            "response_len": allr[:, 2].mean().item(), "truncated": allr[:, 3].mean().item(),
+            "rollout_tokens": int(allr[:, 2].sum().item()), "processes": self.world,
+        }
+        if s.marker:
+            st["marker_freq"] = allr[:, 4].mean().item()
+        keys = sorted(k for k, v in shape_stats.items() if isinstance(v, (int, float)) and not isinstance(v, bool))
+        vals = self._all_reduce([shape_stats[k] for k in keys])
+        for k, v in shape_stats.items():
+            st[k] = v
+        for k, v in zip(keys, vals):
+            st[k] = v / self.world  # the mean over ranks of a per-rank statistic
+        return st
+
     def run_phase(self) -> list[dict]:
         s, phase = self.s, self.phase
         t0 = time.perf_counter()
@@ -403,31 +586,29 @@ class GRPOTrainerLoop:
             r.advantage = a
         self._old_logps(rollouts)
         t_old = time.perf_counter() - t1 - t_shape
-        g = rewards.view(-1, s.group_size)
-        phase_stats = {
-            "phase": phase, "reward_mean": rewards.mean().item(),
-            "reward_std": rewards.std().item() if len(rewards) > 1 else 0.0,
-            "zero_std_groups": (g == g[:, :1]).all(1).float().mean().item(),
-            "adv_mean": adv.mean().item(), "adv_abs_mean": adv.abs().mean().item(),
-            "response_len": sum(len(r.completion_ids) for r in rollouts) / len(rollouts),
-            "truncated": sum(r.finish == "length" for r in rollouts) / len(rollouts),
-            "gen_seconds": t_gen, "shape_seconds": t_shape, "old_logp_seconds": t_old,
-            "rollout_tokens": sum(len(r.completion_ids) for r in rollouts),
-            "updates_per_phase": self.n_updates,
-        }
-        if s.marker:
-            phase_stats["marker_freq"] = sum(s.marker.lower() in r.text.lower() for r in rollouts) / len(rollouts)
-        for k, v in shape_stats.items():
-            phase_stats[k] = v
-        order = list(range(len(rollouts)))
+        phase_stats = {"phase": phase, **self._phase_stats(rollouts, rewards, adv, shape_stats),
+                       "gen_seconds": t_gen, "shape_seconds": t_shape, "old_logp_seconds": t_old,
+                       "updates_per_phase": self.n_updates}
+        if self.stale_rollouts:  # the server still has the initial weights: say how far behind they are
+            phase_stats["rollout_policy_lag"] = {"phases": phase, "optimizer_steps": self.step}
+        # one global numbering and one shuffle shared by all ranks (see the class docstring)
+        G = s.group_size
+        by_gid, seen = {}, {}
+        for r in rollouts:
+            j = seen.get(r.global_index, 0)
+            seen[r.global_index] = j + 1
+            by_gid[r.global_index * G + j] = r
+        order = list(range(s.prompts_per_rollout * self.world * G))
         _random.Random(s.seed * 1000003 + phase).shuffle(order)
+        span = s.mini_batch * self.world
         records = []
         t_train = time.perf_counter()
         for u in range(self.n_updates):
-            batch = [rollouts[i] for i in order[u * s.mini_batch:(u + 1) * s.mini_batch]]
-            if not batch:
+            gids = order[u * span:(u + 1) * span]
+            if not gids:
                 break
-            st = self._update(batch)
+            batch = [by_gid[g] for g in gids if g in by_gid]
+            st = self._update(batch, len(gids), filler=rollouts[0])
             st.update(phase_stats if u == 0 else {"phase": phase})
             st["update_in_phase"] = u
             records.append(st)
@@ -440,22 +621,29 @@ class GRPOTrainerLoop:
         self.phase += 1
         return records
 
-    def _update(self, batch: list[Rollout]) -> dict:
+    def _update(self, batch: list[Rollout], n_seqs: int | None = None, filler: Rollout | None = None) -> dict:
+        """One optimizer step on this rank's share ``batch`` of a mini-batch of ``n_seqs`` rollouts (all
+        ranks together); ``filler`` is run with weight 0 when this rank has no member in it."""
         s = self.s
         model = self.model
         model.train()
-        n_seqs = len(batch)
-        n_tokens = sum(len(r.completion_ids) for r in batch)
+        n_seqs = len(batch) if n_seqs is None else n_seqs
+        n_tokens = int(self._all_reduce([sum(len(r.completion_ids) for r in batch)])[0])
         sums = {"clip_low": 0.0, "clip_high": 0.0, "ratio_sum": 0.0, "kl": 0.0, "entropy": 0.0, "loss": 0.0}
         rmin, rmax, ntok = float("inf"), float("-inf"), 0
-        micro = [batch[i:i + s.micro_batch] for i in range(0, n_seqs, s.micro_batch)]
+        micro = [batch[i:i + s.micro_batch] for i in range(0, len(batch), s.micro_batch)]
+        dummy = not micro
+        if dummy:
+            if filler is None:
+                raise ValueError("an empty mini-batch share needs a filler rollout")
+            micro = [[filler]]
         for mi, chunk in enumerate(micro):
             ids, att, resp = _pad_batch(chunk, self.pad_id)
             ids, att, resp = ids.to(self.acc.device), att.to(self.acc.device), resp.to(self.acc.device)
             sync = mi == len(micro) - 1
-            ctx = self.acc.no_sync(model) if (not sync and self.acc.num_processes > 1) else _null()
+            ctx = self.acc.no_sync(model) if (not sync and self.world > 1) else _null()
             with ctx:
-                out = sequence_logps(model, ids, att, s.temperature, with_entropy=True)
+                out = sequence_logps(model, ids, att, s.temperature, with_entropy=True, chunk=s.logp_chunk)
                 logp = out["logp"]
                 old = torch.zeros_like(logp)
                 adv = torch.zeros(logp.shape, dtype=logp.dtype, device=logp.device)
@@ -469,16 +657,21 @@ class GRPOTrainerLoop:
                         ref[i][resp[i]] = r.extra["ref_logp"].to(ref.device)
                 obj, st = token_surrogate(logp, old, adv, s.loss_type, s.clip_eps, s.clip_eps_high)
                 per_tok = -obj
+                kl = None
                 if ref is not None:
                     kl = kl_k3(logp, ref)
                     per_tok = per_tok + s.kl_coef * kl
-                    sums["kl"] += (kl.detach() * resp).sum().item()
                 if s.entropy_coef > 0:
                     per_tok = per_tok - s.entropy_coef * out["entropy"]
                 loss = aggregate(per_tok, resp, s.loss_agg, n_seqs, n_tokens, s.max_new_tokens)
-                self.acc.backward(loss)
+                # DDP averages gradients over ranks: scale back to the sum of the ranks' shares
+                self.acc.backward(loss * (0.0 if dummy else float(self.world)))
+            if dummy:
+                continue
             m = resp
             sums["loss"] += loss.item()
+            if kl is not None:
+                sums["kl"] += (kl.detach() * m).sum().item()
             sums["clip_low"] += (st["clip_low"] & m).sum().item()
             sums["clip_high"] += (st["clip_high"] & m).sum().item()
             r_sel = st["ratio"][m]
@@ -487,6 +680,11 @@ class GRPOTrainerLoop:
                 rmin, rmax = min(rmin, r_sel.min().item()), max(rmax, r_sel.max().item())
             sums["entropy"] += (out["entropy"].detach() * m).sum().item()
             ntok += m.sum().item()
+        keys = list(sums)
+        tot = self._all_reduce([sums[k] for k in keys] + [ntok])
+        sums, ntok = dict(zip(keys, tot[:-1])), tot[-1]
+        rmin = self._all_reduce([rmin], "min")[0]
+        rmax = self._all_reduce([rmax], "max")[0]
         grad_norm, clip_fraction = None, None
         if self.clipper is not None:
             stats = self.clipper.clip_().as_dict()
@@ -509,60 +707,76 @@ class GRPOTrainerLoop:
 
     # ------------------------------------------------------------------ checkpoints
     def save_checkpoint(self, root: Path) -> Path:
-        """``root/checkpoint-<phase>/``: weights (safetensors), optimizer state, counters and the
-        metrics so far; written atomically, so an interrupted save never shadows the previous one."""
+        """``root/checkpoint-<phase>/``: weights (safetensors), the trainer state without any pickle
+        (:func:`save_trainer_state`: optimizer tensors in ``trainer_state.safetensors``, counters, metrics,
+        clipper state and RNG states in ``trainer_state.json``) and ``progress.json``; written atomically
+        by the main process only, so an interrupted save never shadows the previous one."""
         from llmtool.core.checkpoint import atomic_output
 
         target = root / f"checkpoint-{self.phase}"
-        root.mkdir(parents=True, exist_ok=True)
-        with atomic_output(target, overwrite=True) as tmp:
-            self.acc.unwrap_model(self.model).save_pretrained(tmp, safe_serialization=True)
-            torch.save({"optimizer": self.optimizer.state_dict(), "phase": self.phase, "step": self.step,
-                        "history": self.history,
-                        "clipper": self.clipper.state_dict() if self.clipper is not None else None},
-                       tmp / "trainer_state.pt")
-            (tmp / "progress.json").write_text(json.dumps({"phase": self.phase, "step": self.step,
-                                                           "config": getattr(self, "config_record", None) or {}},
-                                                          default=str))
+        if self.is_main:
+            root.mkdir(parents=True, exist_ok=True)
+            with atomic_output(target, overwrite=True) as tmp:
+                self.acc.unwrap_model(self.model).save_pretrained(tmp, safe_serialization=True)
+                save_trainer_state(tmp, {"optimizer": self.optimizer.state_dict(), "phase": self.phase,
+                                         "step": self.step, "history": self.history,
+                                         "clipper": self.clipper.state_dict() if self.clipper is not None else None,
+                                         "rng": rng_state()})
+                (tmp / "progress.json").write_text(json.dumps({"phase": self.phase, "step": self.step,
+                                                               "config": getattr(self, "config_record", None) or {}},
+                                                              default=str))
+        self.acc.wait_for_everyone()
         return target
 
     def load_checkpoint(self, path: Path) -> None:
+        """Load a checkpoint written by :meth:`save_checkpoint` after :func:`check_resume_dir`'s checks
+        (no pickle is ever read: model and optimizer tensors come from safetensors, the rest from JSON)."""
         from safetensors.torch import load_file
 
+        from llmtool.core.checkpoint import weight_files
+        from llmtool.core.models import check_finite
+
+        check_resume_dir(path)
         model = self.acc.unwrap_model(self.model)
         state = {}
-        for f in sorted(path.glob("*.safetensors")):
+        for f in weight_files(path):
             state.update(load_file(str(f)))
         missing, unexpected = model.load_state_dict(state, strict=False)
         bad = [k for k in missing if "lm_head" not in k] + list(unexpected)
         if bad:
-            raise ValueError(f"{path}: checkpoint does not match the model ({bad[:3]} ...)")
+            from llmtool.core.console import UsageError
+
+            raise UsageError(f"{path}: checkpoint does not match the model ({bad[:3]} ...)")
         if getattr(model.config, "tie_word_embeddings", False):
             model.tie_weights()
-        ts = torch.load(path / "trainer_state.pt", weights_only=False)
+        check_finite(model, path)
+        ts = load_trainer_state(path)
         self.optimizer.load_state_dict(ts["optimizer"])
         if self.clipper is not None and ts.get("clipper") is not None:
             self.clipper.load_state_dict(ts["clipper"])
-        self.phase, self.step, self.history = ts["phase"], ts["step"], ts["history"]
+        if ts.get("rng"):
+            set_rng_state(ts["rng"])
+        self.phase, self.step, self.history = int(ts["phase"]), int(ts["step"]), list(ts["history"])
 
     # ------------------------------------------------------------------ run
     def train(self, progress_desc: str | None = "grpo") -> list[dict]:
         from llmtool.core.console import info, progress
 
         s = self.s
-        if self.on_policy_only and self.phase == 0:
+        if self.on_policy_only and self.phase == 0 and self.is_main:
             info(f"grpo: {s.prompts_per_rollout}×{s.group_size} rollouts with mini-batch {s.mini_batch} give one "
                  "update per phase: rho == 1 and clipping cannot bind (the on-policy ablation)")
         remaining = range(self.phase, s.steps)
-        it = progress(remaining, progress_desc, total=len(remaining)) if progress_desc else remaining
+        show = progress_desc and self.is_main
+        it = progress(remaining, progress_desc, total=len(remaining)) if show else remaining
         for _ in it:
             recs = self.run_phase()
             self.history.extend(recs)
-            if self.metrics_path is not None:
+            if self.metrics_path is not None and self.is_main:
                 with open(self.metrics_path, "a") as fh:
                     for r in recs:
                         fh.write(json.dumps(r) + "\n")
-            if self.on_step:
+            if self.on_step and self.is_main:
                 self.on_step(recs[0])
             if self.checkpoint_dir is not None and s.save_every and self.phase % s.save_every == 0 \
                     and self.phase < s.steps:
@@ -578,14 +792,147 @@ class _null:
         return False
 
 
+# ------------------------------------------------------------------------------------ resume state (no pickle)
+STATE_FORMAT = "llmtool-grpo-trainer-state/1"
+STATE_JSON, STATE_TENSORS = "trainer_state.json", "trainer_state.safetensors"
+PICKLE_SUFFIXES = (".pt", ".pth", ".bin", ".pkl", ".pickle", ".ckpt")
+
+
+def _encode(obj, key: str, tensors: dict):
+    """JSON-able form of a nested state: tensors go to ``tensors[key]`` (referenced by name), dict keys
+    keep their type (optimizer states are keyed by int), tuples stay tuples."""
+    if isinstance(obj, torch.Tensor):
+        tensors[key] = obj.detach().cpu().contiguous()
+        return {"__tensor__": key}
+    if isinstance(obj, dict):
+        if not all(isinstance(k, (str, int)) and not isinstance(k, bool) for k in obj):
+            raise TypeError(f"{key}: only str/int dict keys can be saved")
+        return {"__dict__": [[k, _encode(v, f"{key}.{k}", tensors)] for k, v in obj.items()]}
+    if isinstance(obj, tuple):
+        return {"__tuple__": [_encode(v, f"{key}.{i}", tensors) for i, v in enumerate(obj)]}
+    if isinstance(obj, list):
+        return [_encode(v, f"{key}.{i}", tensors) for i, v in enumerate(obj)]
+    if obj is None or isinstance(obj, (bool, int, float, str)):
+        return obj
+    raise TypeError(f"{key}: cannot save a {type(obj).__name__} without pickle")
+
+
+def _decode(obj, tensors: dict):
+    if isinstance(obj, list):
+        return [_decode(v, tensors) for v in obj]
+    if isinstance(obj, dict):
+        if "__tensor__" in obj:
+            return tensors[obj["__tensor__"]]
+        if "__dict__" in obj:
+            return {k: _decode(v, tensors) for k, v in obj["__dict__"]}
+        if "__tuple__" in obj:
+            return tuple(_decode(v, tensors) for v in obj["__tuple__"])
+        return {k: _decode(v, tensors) for k, v in obj.items()}
+    return obj
+
+
+def save_trainer_state(path: Path, state: dict) -> None:
+    """Write ``state`` (nested dicts/lists/tuples of tensors and scalars) as ``trainer_state.safetensors``
+    (every tensor, named by its path in the state) + ``trainer_state.json`` (the structure)."""
+    from safetensors.torch import save_file
+
+    tensors: dict = {}
+    body = _encode(state, "state", tensors)
+    save_file(tensors, str(Path(path) / STATE_TENSORS), metadata={"format": STATE_FORMAT})
+    (Path(path) / STATE_JSON).write_text(json.dumps({"format": STATE_FORMAT, "state": body}))
+
+
+def load_trainer_state(path: Path) -> dict:
+    """Read :func:`save_trainer_state`'s files (safetensors + JSON; never pickle)."""
+    from safetensors.torch import load_file
+
+    from llmtool.core.console import UsageError
+
+    f = Path(path) / STATE_JSON
+    try:
+        doc = json.loads(f.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError, RecursionError) as e:
+        raise UsageError(f"{f}: not a readable trainer state ({type(e).__name__})") from None
+    if not isinstance(doc, dict) or doc.get("format") != STATE_FORMAT:
+        raise UsageError(f"{f}: not a trainer state of this llmtool (format {doc.get('format') if isinstance(doc, dict) else None!r})")
+    tensors = load_file(str(Path(path) / STATE_TENSORS))
+    try:
+        state = _decode(doc["state"], tensors)
+    except (KeyError, TypeError, ValueError) as e:
+        raise UsageError(f"{f}: malformed trainer state ({e})") from None
+    if not isinstance(state, dict) or not {"optimizer", "phase", "step", "history"} <= set(state):
+        raise UsageError(f"{f}: malformed trainer state (missing optimizer/phase/step/history)")
+    return state
+
+
+def rng_state() -> dict:
+    """Python, numpy and torch (CPU and CUDA) generator states as tensors and plain lists."""
+    import random
+
+    st: dict = {"torch": torch.get_rng_state()}
+    v, internal, gauss = random.getstate()
+    st["python"] = [v, list(internal), gauss]
+    try:
+        import numpy as np
+
+        name, keys, pos, has_gauss, cached = np.random.get_state()
+        st["numpy"] = [name, torch.from_numpy(keys.astype("int64")), int(pos), int(has_gauss), float(cached)]
+    except ImportError:
+        pass
+    if torch.cuda.is_available():
+        st["cuda"] = list(torch.cuda.get_rng_state_all())
+    return st
+
+
+def set_rng_state(st: dict) -> None:
+    import random
+
+    if "torch" in st:
+        torch.set_rng_state(st["torch"].to(torch.uint8))
+    if "python" in st:
+        v, internal, gauss = st["python"]
+        random.setstate((v, tuple(int(x) for x in internal), gauss))
+    if "numpy" in st:
+        import numpy as np
+
+        name, keys, pos, has_gauss, cached = st["numpy"]
+        np.random.set_state((name, keys.numpy().astype("uint32"), int(pos), int(has_gauss), float(cached)))
+    if "cuda" in st and torch.cuda.is_available() and len(st["cuda"]) == torch.cuda.device_count():
+        torch.cuda.set_rng_state_all([t.to(torch.uint8) for t in st["cuda"]])
+
+
+def check_resume_dir(path: Path) -> None:
+    """The checks a MODEL argument gets (causal LM config, no remote code, safetensors headers that fit
+    their files, pickle-only weights refused), plus: no pickle file anywhere in the checkpoint (an older
+    llmtool's ``trainer_state.pt`` or a planted one is refused, never opened), and a trainer state in
+    safetensors + JSON whose tensor header is sane. Raises :class:`UsageError` (exit 2)."""
+    from llmtool.core.checkpoint import check_safetensors
+    from llmtool.core.console import UsageError
+    from llmtool.core.preflight import checked_model
+
+    path = Path(path)
+    pickles = sorted(p.name for p in path.iterdir() if p.suffix.lower() in PICKLE_SUFFIXES)
+    if pickles:
+        raise UsageError(f"{path}: checkpoint holds a pickle file ({pickles[0]}); llmtool never unpickles (a pickle "
+                         "can run code): resume only from checkpoints of this llmtool (trainer_state.json + "
+                         ".safetensors), or remove the directory")
+    checked_model(path)
+    for name in (STATE_JSON, STATE_TENSORS):
+        if not (path / name).is_file():
+            raise UsageError(f"{path}: incomplete checkpoint (no {name})")
+    check_safetensors(path / STATE_TENSORS)
+
+
 def latest_checkpoint(root: Path) -> Path | None:
-    """The complete checkpoint with the highest phase under ``root`` (temp dirs of killed saves ignored)."""
+    """The checkpoint with the highest phase under ``root`` (temp dirs of killed saves ignored). A directory
+    that holds a trainer state in either format counts, so that a pickle one is refused by
+    :func:`check_resume_dir` rather than silently skipped."""
     if not root.is_dir():
         return None
     best = None
     for p in root.iterdir():
         if p.is_dir() and p.name.startswith("checkpoint-") and p.name[11:].isdigit() \
-                and (p / "trainer_state.pt").is_file():
+                and ((p / STATE_JSON).is_file() or (p / "trainer_state.pt").is_file()):
             if best is None or int(p.name[11:]) > int(best.name[11:]):
                 best = p
     return best

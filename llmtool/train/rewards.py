@@ -6,7 +6,7 @@ arXiv 2506.10947, §2 and Table 1), as a registry of method configs (``--reward 
 | ``ground-truth`` | 1 iff the verifier accepts the response (rl_data: last integer / task verifier) |
 | ``majority-vote`` | 1 iff the answer equals the row's pseudo-label ``mv_label`` (majority of samples of the untrained model, :func:`majority_labels`) |
 | ``format`` | 1 iff the response contains the format marker (default: any integer; ``format:<substring>``) |
-| ``random`` | Bernoulli(γ), ``random:0.5``; independent of the response, **seeded** per (seed, phase, prompt, rollout) |
+| ``random`` | Bernoulli(γ), ``random:0.5``; independent of the response, **seeded** per (seed, phase, prompt, rollout), the prompt being its position in the phase over all processes (so ranks draw differently) |
 | ``incorrect`` | 1 iff the answer equals the row's ``wrong_label`` (a wrong majority label, or a deterministic wrong answer) |
 | ``one-shot`` | ground truth on one training example repeated (the data is reduced to row ``one_shot_index``) |
 
@@ -168,9 +168,13 @@ def make_reward_fn(cfg: RewardConfig, seed: int):
     def fn(rollouts, phase):
         counts: dict[int, int] = {}
         for r in rollouts:
-            j = counts.get(r.prompt_index, 0)
-            counts[r.prompt_index] = j + 1
-            r.reward = cfg.score(r.row, r.text, r.finish, (seed, phase, r.prompt_index, j))
+            # keyed by the prompt's position in the phase over all processes (rank-independent, and
+            # different on every rank): random rewards are per-rank draws that a 1-process run reproduces
+            q = getattr(r, "global_index", -1)
+            q = r.prompt_index if q is None or q < 0 else q
+            j = counts.get(q, 0)
+            counts[q] = j + 1
+            r.reward = cfg.score(r.row, r.text, r.finish, (seed, phase, q, j))
             r.extra["correct"] = bool(rl_data.is_correct(r.row, r.text)) if cfg.needs_answer or "answer" in r.row \
                 else None
     return fn
