@@ -17,6 +17,11 @@ independent; results of parts not run are kept from the previous JSON.
   as given has no reward variance on it): pass@k (k = 1..16, n = 16, T = 0.6, top-p 0.95), distinct
   correct answers per prompt; the warm start first. Runs go to ``train_grpo.diversity.runs.jsonl``.
 - cost: rollout tokens/s, optimizer steps/s, generation share of step time, SetPO overhead.
+
+Gates go through ``benchmarks/gates.py`` (met / not met / not tested + reason): the spurious part reports
+``clip_frac`` beside every arm, and the clip-vs-no-clip comparison (spec acceptance 10: the marker rises
+more with the clip) is ``not tested`` when the clip binds on < 1 % of tokens; a SetPO pass@k direction is
+``not tested`` where pass@k saturates (within 0.5 points of 1.0 in both arms).
 """
 from __future__ import annotations
 
@@ -33,6 +38,10 @@ sys.path.insert(0, str(ROOT))
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 RESULTS = ROOT / "benchmarks" / "results"
+from benchmarks.gates import gate, lines as gate_lines, render, saturated  # noqa: E402
+
+SATURATED_TOL = 0.005  # pass@k within half a point of 1.0 in both arms counts as saturated
+CLIP_BINDS = 0.01  # the clip-vs-no-clip comparison is tested only when the clip binds on >= 1 % of tokens
 
 
 def mean_ci(xs, z=1.96):
@@ -68,8 +77,10 @@ def run_bandit(seeds: int) -> dict:
                      "mean_entropy": e, "seconds": time.time() - t, "start_prior": r["start_prior"]}
         curves[name] = r["prior"]
     c, n, o = out["clip"]["mean_prior"], out["ratio-no-clip"]["mean_prior"], out["on-policy"]["mean_prior"]
-    out["gates"] = {"clip>=0.74": c >= 0.74, "ratio<=0.55": n <= 0.55, "diff>=0.2": c - n >= 0.2,
-                    "on-policy in [0.55,0.72]": 0.55 <= o <= 0.72}
+    out["gates"] = {"clip>=0.74": gate("clip>=0.74", c >= 0.74, round(c, 4)),
+                    "ratio<=0.55": gate("ratio<=0.55", n <= 0.55, round(n, 4)),
+                    "diff>=0.2": gate("diff>=0.2", c - n >= 0.2, round(c - n, 4)),
+                    "on-policy in [0.55,0.72]": gate("on-policy in [0.55,0.72]", 0.55 <= o <= 0.72, round(o, 4))}
     out["seeds"] = seeds
     try:
         import matplotlib
@@ -229,13 +240,66 @@ def run_spurious(a) -> dict:
         seeds_p = [p["eval"]["pass@1"] for p in per_seed]
         res["arms"][name] = {"per_seed": per_seed, "pass@1": k / n, "wilson95": wilson(k, n),
                              "delta_vs_base": diff, "delta_ci95": [lo, hi],
-                             "seed_sd": float(np.std(seeds_p, ddof=1)) if len(seeds_p) > 1 else None}
+                             "seed_sd": float(np.std(seeds_p, ddof=1)) if len(seeds_p) > 1 else None,
+                             "clip_frac": arm_clip_frac(per_seed)}
     if "ground-truth" in res["arms"]:
         gt = res["arms"]["ground-truth"]
         res["signal_gate"] = {"ground-truth - base >= 0.05": gt["delta_vs_base"] >= 0.05,
                               "delta": gt["delta_vs_base"], "ci95": gt["delta_ci95"]}
+    res["clip_gate"] = clip_gate(res)
     res["plot"] = plot_spurious(res)
     return res
+
+
+def arm_clip_frac(per_seed: list[dict]) -> float | None:
+    """Mean over seeds of a run's clip fraction (tokens whose ratio left [1 - eps, 1 + eps], averaged over
+    updates; for the no-clip arm the fraction where the clip would have bound)."""
+    xs = [p["clip_frac"] for p in per_seed if p.get("clip_frac") is not None]
+    return sum(xs) / len(xs) if xs else None
+
+
+def arm_marker(v: dict) -> float:
+    return sum(p["eval"]["marker_freq"] for p in v["per_seed"]) / len(v["per_seed"])
+
+
+def clip_gate(s: dict) -> dict | None:
+    """Spec acceptance 10: under random rewards the high-prior marker rises more with the clip than without
+    (greedy marker frequency, mean over seeds, random vs random+ratio-no-clip). Tested only when the clip binds
+    on >= 1 % of tokens in the clipped arm: below that the two arms are numerically the same algorithm."""
+    arms = s.get("arms", {})
+    if "random" not in arms or "random+ratio-no-clip" not in arms:
+        return None
+    r, nc = arms["random"], arms["random+ratio-no-clip"]
+    cf = r.get("clip_frac", arm_clip_frac(r["per_seed"]))
+    mr, mn = arm_marker(r), arm_marker(nc)
+    return gate("marker rises more with clip than without (random vs random+ratio-no-clip)", mr > mn,
+                {"marker_clip": round(mr, 3), "marker_no_clip": round(mn, 3), "marker_base": s["base"]["marker_freq"],
+                 "clip_frac_random": cf}, precondition=cf is not None and cf >= CLIP_BINDS,
+                reason=("clip_frac unknown" if cf is None else f"the clip binds on {100 * cf:.2f} % of tokens "
+                        f"(< {100 * CLIP_BINDS:.0f} %): with and without the clip are the same algorithm here"))
+
+
+def setpo_directions(d: dict) -> list[dict]:
+    """The SetPO-vs-GRPO directions of spec §5 as gates: distinct correct answers >= GRPO's, pass@8 (and the
+    largest k) >= GRPO's - 2 points, pass@1 within +-3 points. A pass@k direction is tested only where pass@k
+    does not saturate (both arms below 1.0): at 1.000 it cannot fail."""
+    sp, arms = d.get("paired", {}).get("setpo-grpo"), d.get("arms", {})
+    if not sp or "setpo" not in arms or "grpo" not in arms:
+        return []
+    out = [gate("SetPO distinct correct - GRPO >= 0", sp["distinct_correct"]["diff"] >= 0,
+                round(sp["distinct_correct"]["diff"], 4))]
+    ks = sorted({int(k.split("@")[1]) for k in sp if k.startswith("pass@")})
+    for k in dict.fromkeys(x for x in (8, ks[-1] if ks else None) if x in ks):
+        key = f"pass@{k}"
+        vals = [arms["grpo"][key], arms["setpo"][key]]
+        out.append(gate(f"SetPO {key} - GRPO >= -2 points", sp[key]["diff"] >= -0.02,
+                        {"diff": round(sp[key]["diff"], 4), "grpo": round(vals[0], 4), "setpo": round(vals[1], 4)},
+                        precondition=not saturated(vals, tol=SATURATED_TOL),
+                        reason=f"{key} saturates ({vals[0]:.3f} GRPO, {vals[1]:.3f} SetPO): it cannot fall"))
+    if "pass@1" in sp:
+        out.append(gate("SetPO pass@1 within +-3 points of GRPO", abs(sp["pass@1"]["diff"]) <= 0.03,
+                        round(sp["pass@1"]["diff"], 4)))
+    return out
 
 
 def plot_spurious(s: dict) -> str | None:
@@ -512,6 +576,10 @@ def run_cost(a) -> dict:
 
 
 # ------------------------------------------------------------------------------------ report
+def _pct(x) -> str:
+    return "" if x is None else f"{100 * x:.2f}"
+
+
 def markdown(res: dict) -> str:
     from llmtool.core.console import markdown_table
 
@@ -522,8 +590,7 @@ def markdown(res: dict) -> str:
                  "95% CI": f"[{v['ci95'][0]:.3f}, {v['ci95'][1]:.3f}]", "median": round(v["median_prior"], 3),
                  "mean entropy": round(v["mean_entropy"], 3)} for k, v in b.items() if isinstance(v, dict) and "mean_prior" in v]
         lines += [f"## Clipping bias, toy bandit ({b['seeds']} seeds, start p = {b['clip']['start_prior']:.3f})", "",
-                  markdown_table(rows), "", "Gates: " + ", ".join(f"{k}: {'met' if v else 'NOT met'}"
-                                                                for k, v in b["gates"].items()), ""]
+                  markdown_table(rows), "", "Gates:", "", *gate_lines(b["gates"]), ""]
     if "spurious" in res:
         s = res["spurious"]
         rows = [{"arm": "base", "pass@1": round(s["base"]["pass@1"], 3), "95% CI": "",
@@ -536,16 +603,21 @@ def markdown(res: dict) -> str:
                          "95% CI": f"[{v['wilson95'][0]:.3f}, {v['wilson95'][1]:.3f}]",
                          "Δ vs base (paired 95% CI)": f"{v['delta_vs_base']:+.3f}"
                          + (f" [{ci[0]:+.3f}, {ci[1]:+.3f}]" if ci else ""),
-                         "marker (greedy)": round(mk, 2)})
+                         "marker (greedy)": round(mk, 2), "clip_frac %": _pct(arm_clip_frac(v["per_seed"]))})
+        rows[0]["clip_frac %"] = ""
         st = s["settings"]
         lines += [f"## Spurious rewards, SmolLM2-135M, arithmetic ({st['seeds']} seeds, {st['steps']} phases, "
                   f"G = {st['group_size']}, {st['prompts']} prompts/phase)", "", markdown_table(rows), ""]
         if "signal_gate" in s:
             g = s["signal_gate"]
             lines += [f"Signal check (ground-truth ≥ base + 5 points in-domain): "
-                      f"{'met' if g['ground-truth - base >= 0.05'] else 'NOT met'} (Δ {100 * g['delta']:+.1f} points, "
+                      f"{render(g['ground-truth - base >= 0.05'])} (Δ {100 * g['delta']:+.1f} points, "
                       f"paired 95% CI [{100 * g['ci95'][0]:+.1f}, {100 * g['ci95'][1]:+.1f}]). Seeds pooled; "
                       f"per-run records in `benchmarks/results/{s.get('runs_file', '')}`.", ""]
+        cg = clip_gate(s)  # recomputed, so results stored before the gate existed get it too
+        if cg:
+            lines += [f"Clipping ablation (spec acceptance 10; `clip_frac %` above: share of tokens on which the "
+                      f"clip binds, mean over updates and seeds): {cg['gate']}: {render(cg)}.", ""]
         if s.get("plot"):
             lines += [f"Marker frequency and reward per phase: `benchmarks/results/{s['plot']}`.", ""]
     if "diversity" in res:
@@ -577,13 +649,10 @@ def markdown(res: dict) -> str:
                          ("diversity drops under GRPO (interval below 0), the paper's premise." if drop else
                           "no significant diversity drop under GRPO in this run, so the paper's SetPO-vs-GRPO "
                           "contrast cannot be tested at this size."))
-            sp = d["paired"].get("setpo-grpo")
-            if sp:
-                p8 = sp.get("pass@8")
-                lines.append("- Directions (reported, not gated): SetPO distinct correct − GRPO "
-                             f"{sp['distinct_correct']['diff']:+.3f} (≥ 0 expected); "
-                             + (f"pass@8 {100 * p8['diff']:+.1f} points (≥ −2 expected); " if p8 else "")
-                             + f"pass@1 {100 * sp['pass@1']['diff']:+.1f} points (within ±3 expected).")
+            dirs = setpo_directions(d)
+            if dirs:
+                lines.append("- SetPO vs GRPO directions (spec §5):")
+                lines += ["  " + x for x in gate_lines(dirs)]
             if d.get("plot"):
                 lines.append(f"- pass@k curves: `benchmarks/results/{d['plot']}`.")
             lines.append("")

@@ -1,0 +1,115 @@
+"""The shared gate verdicts of benchmarks/gates.py and the gates that use them: a gate whose
+precondition did not hold says "not tested" (never "met"), and a gate that can fail still fails."""
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from benchmarks import gates  # noqa: E402
+
+
+def _bench(name: str):
+    spec = importlib.util.spec_from_file_location(f"bench_{name}_gates", ROOT / "benchmarks" / f"{name}.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_failed_precondition_yields_not_tested_and_skips_the_comparison():
+    def boom():
+        raise AssertionError("the comparison must not be evaluated without its precondition")
+
+    g = gates.gate("all selected programs reach test 0.99", boom, {}, precondition=False,
+                   reason="no rule reached val = 1.0")
+    assert g["verdict"] == gates.NOT_TESTED and g["met"] is None
+    text = gates.render(g)
+    assert text.startswith("not tested: no rule reached val = 1.0") and "met" not in text.replace("measured", "")
+    assert gates.verdict({"met": None}) == gates.NOT_TESTED
+
+
+def test_gate_with_its_precondition_can_fail_and_pass():
+    assert gates.gate("x", False, 0.3)["verdict"] == gates.NOT_MET
+    assert gates.render(gates.gate("x", False, 0.3)) == "**NOT met** (measured 0.3)"
+    assert gates.gate("x", lambda: True)["verdict"] == gates.MET
+    assert gates.lines([gates.gate("a", True)]) == ["- a: met"]
+    assert gates.render(True) == "met" and gates.render(False, bold=False) == "NOT met"  # legacy bools
+    assert gates.tied(0.0, 0.0) and not gates.tied(0.0, 0.01)
+    assert gates.saturated([1.0, 0.99999], tol=0.005) and not gates.saturated([1.0, 0.9], tol=0.005)
+    assert not gates.saturated([])
+
+
+def test_learn_program_sanity_gate_is_not_tested_when_nothing_reaches_val_one():
+    lp = _bench("learn_program")
+    none = [{"rule": "a", "pass_at_k": False, "test_acc": None}, {"rule": "b", "pass_at_k": False, "test_acc": 0.6}]
+    assert lp.sanity_gate(none)["verdict"] == gates.NOT_TESTED  # was "met": all() over an empty set
+    bad = none + [{"rule": "c", "pass_at_k": True, "test_acc": 0.9}]
+    assert lp.sanity_gate(bad)["verdict"] == gates.NOT_MET
+    good = none + [{"rule": "c", "pass_at_k": True, "test_acc": 1.0}]
+    assert lp.sanity_gate(good)["verdict"] == gates.MET
+    # a stored result written before the gate record (a bare True) is re-judged from its rows
+    assert lp.sanity_gate_of({"gate_val1_implies_test_ge_0.99": True, "rows": none})["verdict"] == gates.NOT_TESTED
+
+
+def test_learn_program_keeps_raw_proposals(tmp_path):
+    import json
+
+    lp = _bench("learn_program")
+    f = tmp_path / "candidates.jsonl"
+    f.write_text("\n".join(json.dumps({"idx": i, "raw_text": f"answer {i}", "outcome": "no_code", "val_acc": None,
+                                       "error": "no function definition found in the answer", "code": None})
+                           for i in range(14)) + "\n")
+    raw = lp.raw_proposals(f)
+    assert len(raw) == lp.RAW_KEPT == 10 and raw[3]["raw_text"] == "answer 3" and raw[0]["outcome"] == "no_code"
+
+
+def _cell(spike, val):
+    return {"loss_spike_score": (spike, 0.0), "val_loss": (val, 0.0)}
+
+
+def test_adagc_spike_gate_not_tested_on_ties_and_separates_arms_otherwise():
+    ad = _bench("train_adagc")
+    tied = {g["gate"]: g for g in ad.acceptance12_gates(_cell(0.0, 4.5), _cell(0.0, 4.5), _cell(0.0, 4.6))}
+    assert tied["spike score adagc < global"]["verdict"] == gates.NOT_TESTED  # was "met" (0 <= 0)
+    assert tied["adagc and global beat none (val)"]["verdict"] == gates.MET
+    same = {g["gate"]: g for g in ad.acceptance12_gates(_cell(2.0, 4.5), _cell(2.0, 4.5), _cell(5.0, 4.6))}
+    assert same["spike score adagc < global"]["verdict"] == gates.NOT_TESTED
+    worse = {g["gate"]: g for g in ad.acceptance12_gates(_cell(3.0, 4.5), _cell(1.0, 4.5), _cell(5.0, 4.6))}
+    assert worse["spike score adagc < global"]["verdict"] == gates.NOT_MET
+    better = {g["gate"]: g for g in ad.acceptance12_gates(_cell(0.0, 4.5), _cell(1.0, 4.5), _cell(5.0, 4.6))}
+    assert better["spike score adagc < global"]["verdict"] == gates.MET
+
+
+def _spurious(clip_frac, marker_clip, marker_no_clip):
+    def arm(cf, mk):
+        return {"per_seed": [{"clip_frac": cf, "eval": {"marker_freq": mk}}] * 2}
+
+    return {"base": {"marker_freq": 0.5},
+            "arms": {"random": arm(clip_frac, marker_clip), "random+ratio-no-clip": arm(clip_frac, marker_no_clip)}}
+
+
+@pytest.mark.parametrize("clip_frac,mc,mn,want", [(0.0005, 0.9, 0.4, gates.NOT_TESTED), (0.03, 0.9, 0.4, gates.MET),
+                                                  (0.03, 0.39, 0.41, gates.NOT_MET)])
+def test_grpo_clip_ablation_is_not_tested_when_the_clip_does_not_bind(clip_frac, mc, mn, want):
+    grpo = _bench("train_grpo")
+    assert grpo.clip_gate(_spurious(clip_frac, mc, mn))["verdict"] == want
+
+
+def test_setpo_pass_at_k_direction_not_tested_when_saturated():
+    grpo = _bench("train_grpo")
+
+    def d(g8, s8):
+        return {"arms": {"grpo": {"pass@8": g8, "pass@1": 0.5}, "setpo": {"pass@8": s8, "pass@1": 0.5}},
+                "paired": {"setpo-grpo": {"pass@1": {"diff": 0.0}, "pass@8": {"diff": s8 - g8},
+                                          "distinct_correct": {"diff": 0.1}}}}
+
+    sat = {g["gate"]: g["verdict"] for g in grpo.setpo_directions(d(0.999999, 1.0))}
+    assert sat["SetPO pass@8 - GRPO >= -2 points"] == gates.NOT_TESTED
+    fell = {g["gate"]: g["verdict"] for g in grpo.setpo_directions(d(0.8, 0.7))}
+    assert fell["SetPO pass@8 - GRPO >= -2 points"] == gates.NOT_MET
