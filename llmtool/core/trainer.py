@@ -198,7 +198,7 @@ def sft(model, tokenizer, examples: Sequence[dict], args: TrainArgs | None = Non
         out_dir = Path(tmp.name)
     cls = trainer_cls or Trainer
     trainer = cls(model=train_model, args=training_arguments(args, str(out_dir)), train_dataset=_Examples(rows),
-                  data_collator=_collate(pad), callbacks=list(callbacks), **trainer_kwargs)
+                  data_collator=_collate(pad), callbacks=[RankSeedCallback(), *callbacks], **trainer_kwargs)
     trainer.remove_callback(PrinterCallback)  # logs go to metrics_path / the returned history, never stdout
     start = time.time()
     try:
@@ -217,13 +217,26 @@ def sft(model, tokenizer, examples: Sequence[dict], args: TrainArgs | None = Non
     train_model.train(was_training)
     model.eval()
     history = list(trainer.state.log_history)
-    if metrics_path is not None:
+    from llmtool.core import dist
+
+    if metrics_path is not None and dist.is_main():
         with open(metrics_path, "w") as fh:
             for rec in history:
                 fh.write(json.dumps(rec) + "\n")
     return {"train_loss": float(result.training_loss), "steps": int(trainer.state.global_step),
             "seconds": round(seconds, 3), "examples": len(rows), "truncation": trunc, "log_history": history,
             "args": asdict(args)}
+
+
+def full_state_dict(model) -> dict:
+    """The model's full (unsharded) state dict on every rank: DTensor entries (FSDP2) are gathered with
+    ``full_tensor()``, a collective, so every rank must call this; plain tensors are returned as they are."""
+    out = {}
+    for k, v in model.state_dict().items():
+        if hasattr(v, "full_tensor") and hasattr(v, "placements"):
+            v = v.full_tensor()
+        out[k] = v.detach().cpu() if hasattr(v, "detach") else v
+    return out
 
 
 def pack_texts(tokenizer, texts: Sequence[str], block: int, max_blocks: int | None = None) -> list[dict]:
@@ -257,6 +270,27 @@ def _trainer_callback_base():
     return TrainerCallback
 
 
+class RankSeedCallback(_trainer_callback_base()):
+    """Per-rank seeds under a multi-process launch: the Trainer seeds every rank with the same ``seed``
+    (the data sampler relies on it to shard one permutation), so draws that must differ between ranks
+    (dropout masks, sampling) would repeat on every rank. At the start of training (after the data loader
+    and its own seeded generator exist) ranks > 0 reseed torch, python and numpy with
+    :func:`llmtool.core.dist.rank_seed`; rank 0 keeps the plain seed, so a 1-process run is unchanged."""
+
+    def on_train_begin(self, args, state, control, **kw):
+        from llmtool.core import dist
+
+        if dist.distributed() and not dist.is_main() and state.global_step == 0:
+            import random
+
+            import numpy as np
+
+            s = dist.rank_seed(args.seed)
+            random.seed(s)
+            np.random.seed(s % 2**32)
+            torch.manual_seed(s)
+
+
 class ClipCallback(_trainer_callback_base()):
     """Runs ``clipper.clip_()`` once per optimizer update (after gradient accumulation, before
     ``optimizer.step()``), writes per-update metrics and keeps the clipper's state in checkpoints.
@@ -269,15 +303,42 @@ class ClipCallback(_trainer_callback_base()):
 
     def __init__(self, clipper, metrics_path: Path | None = None, pre_step=None, post_step=None,
                  resume_from: Path | str | None = None):
+        from llmtool.core import dist
+
         self.clipper = clipper
-        self.metrics_path = Path(metrics_path) if metrics_path is not None else None
+        # every rank clips (identical decisions); the main process alone writes metrics and checkpoint files
+        self.metrics_path = Path(metrics_path) if metrics_path is not None and dist.is_main() else None
         self.resume_from = Path(resume_from) if resume_from else None
         self.pre_step, self.post_step = pre_step, post_step
         self.last: dict = {}
         self.records: list[dict] = []
         self._fh = None
 
-    def on_train_begin(self, args, state, control, **kw):
+    def _bind(self, model) -> None:
+        """(Re)bind the clipper to the parameters the optimizer updates now: FSDP2's ``fully_shard`` (run by
+        accelerate inside ``Trainer.train``) replaces them with DTensors after the clipper was built."""
+        if model is None or not hasattr(self.clipper, "bind"):
+            return
+        if not self.clipper.bound_to(model):
+            self.clipper.bind(model.named_parameters())
+
+    def _unscale(self, optimizer) -> None:
+        """fp16 with a GradScaler (accelerate's ``AcceleratedOptimizer.scaler``): the clipper must see true
+        gradients. Unscale now unless the Trainer already did this step (its grad-norm logging calls
+        ``accelerator.clip_grad_norm_``, which unscales); the scaler then skips the step on inf/NaN
+        itself, and the clipper skips it too (non-finite norms)."""
+        scaler = getattr(optimizer, "scaler", None)
+        inner = getattr(optimizer, "optimizer", None)
+        if scaler is None or inner is None or not scaler.is_enabled():
+            return
+        from torch.amp.grad_scaler import OptState
+
+        st = scaler._per_optimizer_states[id(inner)]
+        if st["stage"] is OptState.READY:
+            scaler.unscale_(inner)
+
+    def on_train_begin(self, args, state, control, model=None, **kw):
+        self._bind(model)
         restored = False
         if state.global_step > 0:  # resumed: the Trainer restored its state before this event
             ckpt = self.resume_from or Path(args.output_dir) / f"checkpoint-{state.global_step}"
@@ -298,6 +359,8 @@ class ClipCallback(_trainer_callback_base()):
 
     def on_pre_optimizer_step(self, args, state, control, model=None, optimizer=None, **kw):
         step = state.global_step + 1
+        self._bind(model)
+        self._unscale(optimizer)
         if self.pre_step is not None:
             self.pre_step(step, model, optimizer)
         stats = self.clipper.clip_()
@@ -320,7 +383,7 @@ class ClipCallback(_trainer_callback_base()):
 
     def on_save(self, args, state, control, **kw):
         ckpt = Path(args.output_dir) / f"checkpoint-{state.global_step}"
-        if ckpt.is_dir():
+        if ckpt.is_dir() and state.is_world_process_zero:
             (ckpt / CLIP_STATE_NAME).write_text(json.dumps(self.clipper.state_dict()))
             (ckpt / CLIP_RECORDS_NAME).write_text("".join(json.dumps(r) + "\n" for r in self.records))
 

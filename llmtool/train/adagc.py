@@ -28,6 +28,25 @@ the defaults; the rest is ours):
 * State (gamma per canonical parameter name, and the step counter) is committed only by
   :meth:`AdaGCClipper.clip_`; it is saved in ``state_dict()`` and restored exactly.
 * Tied parameters: iterate unique tensors (first name wins), so a tied weight is clipped once.
+
+Distributed (issue 41; the same rules hold for every ``--clip`` policy of :mod:`llmtool.train.clipping`):
+
+* Per-tensor norms come from each rank's *local* gradient: a plain tensor under DDP (already all-reduced,
+  identical on every rank) or DeepSpeed ZeRO-1, the local shard of a DTensor under FSDP2. For sharded
+  tensors the squared shard norms are summed with one ``all_reduce`` (float64) over the mesh dimensions
+  the tensor is sharded on, so ||g_i||^2 = sum_r ||g_i^(r)||^2 is the full tensor's norm and every rank
+  computes the same factors from the same numbers: identical clip decisions without a broadcast.
+* The parameters are (re)bound from the model the optimizer actually updates (:meth:`GradTransform.bind`;
+  ``ClipCallback`` rebinds whenever the set of trainable tensors changes, e.g. after FSDP2's
+  ``fully_shard`` replaced them). Names are canonical (wrapper prefixes such as ``module.`` or
+  ``_fsdp_wrapped_module.`` removed), so gamma and checkpoints keep one key per tensor across launchers.
+  A bound clipper that finds no gradient at all on a step raises instead of silently doing nothing.
+* Non-finite steps: when any per-tensor norm is NaN/inf (an overflowed fp16 step, a bad batch), the
+  update is skipped: every gradient is dropped (``p.grad = None``, so no torch optimizer moves the
+  parameter or its moments), and neither gamma nor t advances. Without this one NaN gradient made gamma
+  NaN for good, after which that tensor was never clipped again.
+* Mixed precision: the clipper must see unscaled gradients; ``ClipCallback`` unscales through the
+  optimizer's ``GradScaler`` (accelerate's fp16) when nothing has yet (see :mod:`llmtool.core.trainer`).
 """
 from __future__ import annotations
 
@@ -37,33 +56,115 @@ from typing import Iterable
 
 import torch
 
+from llmtool.train.clipping import GradTransform
+
 PRESETS = {
     "official": {"lambda_rel": 1.04, "beta": 0.99},
     "preprint": {"lambda_rel": 1.05, "beta": 0.98},
 }
 
 
+WRAPPER_PREFIXES = ("module.", "_orig_mod.", "_fsdp_wrapped_module.", "_checkpoint_wrapped_module.")
+
+
+def canonical_name(name: str) -> str:
+    """A parameter's name without the prefixes that DDP/FSDP/compile/checkpointing wrappers insert."""
+    changed = True
+    while changed:
+        changed = False
+        for pre in WRAPPER_PREFIXES:
+            if name.startswith(pre):
+                name, changed = name[len(pre):], True
+        for mid in ("._fsdp_wrapped_module.", "._checkpoint_wrapped_module.", "._orig_mod."):
+            if mid in name:
+                name, changed = name.replace(mid, ".", 1), True
+    return name
+
+
 def unique_named_params(named_params: Iterable[tuple[str, torch.nn.Parameter]]) -> list[tuple[str, torch.nn.Parameter]]:
-    """Trainable parameters, each tensor once (tied weights keep their first name)."""
+    """Trainable parameters, each tensor once (tied weights keep their first name), canonical names."""
     seen, out = set(), []
     for name, p in named_params:
         if not p.requires_grad or id(p) in seen:
             continue
         seen.add(id(p))
-        out.append((name, p))
+        out.append((canonical_name(name), p))
     return out
 
 
-def grad_norms(grads: list[torch.Tensor]) -> torch.Tensor:
-    """Per-tensor L2 norms in fp32 (one foreach kernel where available)."""
+def _is_dtensor(t) -> bool:
+    return hasattr(t, "placements") and hasattr(t, "to_local") and hasattr(t, "device_mesh")
+
+
+def _local(g: torch.Tensor) -> torch.Tensor:
+    return g.to_local() if _is_dtensor(g) else g
+
+
+def _shard_dims(g) -> tuple[int, ...]:
+    """Mesh dimensions a DTensor gradient is sharded on (its norm needs a sum over them)."""
+    if not _is_dtensor(g):
+        return ()
+    dims = []
+    for i, pl in enumerate(g.placements):
+        if pl.is_partial():
+            raise RuntimeError("gradient clipping got a DTensor gradient with a Partial placement (not yet reduced)")
+        if pl.is_shard() or type(pl).__name__ == "_StridedShard":
+            dims.append(i)
+    return tuple(dims)
+
+
+def local_norms(grads: list[torch.Tensor]) -> torch.Tensor:
+    """Per-tensor L2 norms of the local tensors (shards for DTensors) as float64 on the CPU; computed in
+    fp32 (float64 grads in float64), one foreach kernel per device/dtype where available."""
     if not grads:
-        return torch.zeros(0)
-    g32 = [g.float() if g.dtype != torch.float32 else g for g in grads]
-    try:
-        norms = torch._foreach_norm(g32, 2)
-    except (RuntimeError, AttributeError):  # pragma: no cover - very old torch
-        norms = [g.norm(2) for g in g32]
-    return torch.stack([n.to(g32[0].device) for n in norms])
+        return torch.zeros(0, dtype=torch.float64)
+    locs = [_local(g) for g in grads]
+    locs = [g if g.dtype in (torch.float32, torch.float64) else g.float() for g in locs]
+    out = [None] * len(locs)
+    groups: dict = {}
+    for i, g in enumerate(locs):
+        groups.setdefault((g.device, g.dtype), []).append(i)
+    for idx in groups.values():
+        ts = [locs[i] for i in idx]
+        try:
+            ns = torch._foreach_norm(ts, 2)
+        except (RuntimeError, AttributeError):  # pragma: no cover - very old torch
+            ns = [t.norm(2) for t in ts]
+        for i, n in zip(idx, ns):
+            out[i] = n
+    return torch.stack([n.detach().double().cpu() for n in out])
+
+
+def grad_norms(grads: list[torch.Tensor]) -> torch.Tensor:
+    """Per-tensor L2 norms of the *whole* gradients as float64 on the CPU, identical on every rank.
+
+    Plain tensors (one process, DDP, ZeRO-1): the local norm. DTensors (FSDP2): sqrt of the sum over ranks
+    of the squared shard norms, one ``all_reduce`` per (mesh, sharded dims) group."""
+    norms = local_norms(grads)
+    groups: dict = {}
+    for i, g in enumerate(grads):
+        dims = _shard_dims(g)
+        if dims:
+            groups.setdefault((id(g.device_mesh), dims), (g.device_mesh, dims, []))[2].append(i)
+    if not groups:
+        return norms
+    import torch.distributed as dist
+
+    sq = norms.pow(2)
+    for mesh, dims, idx in groups.values():
+        dev = _local(grads[idx[0]]).device
+        buf = sq[idx].to(dev)
+        for d in dims:
+            group = mesh.get_group(d) if mesh.ndim > 1 else mesh.get_group()
+            dist.all_reduce(buf, op=dist.ReduceOp.SUM, group=group)
+        sq[idx] = buf.cpu()
+    return sq.sqrt()
+
+
+def drop_grads_(params: Iterable[tuple[str, torch.nn.Parameter]]) -> None:
+    """Skip this update: every gradient is dropped, so no optimizer moves the parameter or its state."""
+    for _, p in params:
+        p.grad = None
 
 
 @dataclass
@@ -78,6 +179,8 @@ class ClipStats:
     factor_median: float
     factor_max: float
     clipped_names: list[str]
+    skipped: bool = False         # non-finite gradient: no parameter update, no state advance
+    n_nonfinite: int = 0
 
     @property
     def clip_fraction(self) -> float:
@@ -88,7 +191,9 @@ class ClipStats:
              "grad_norm_clipped": self.grad_norm_clipped, "n_tensors": self.n_tensors,
              "n_clipped": self.n_clipped, "clip_fraction": self.clip_fraction,
              "clip_factor_min": self.factor_min, "clip_factor_median": self.factor_median,
-             "clip_factor_max": self.factor_max}
+             "clip_factor_max": self.factor_max, "skipped": self.skipped}
+        if self.skipped:
+            d["n_nonfinite"] = self.n_nonfinite
         if with_names:
             d["clipped_tensors"] = self.clipped_names[:20]
         return d
@@ -109,13 +214,14 @@ def make_stats(step: int, stage: str, names: list[str], norms: torch.Tensor, fac
 
 
 def scale_grads_(grads: list[torch.Tensor], factors: torch.Tensor) -> None:
-    """g_i *= h_i, skipping tensors whose factor is exactly 1 (bit-identical passthrough)."""
+    """g_i *= h_i, skipping tensors whose factor is exactly 1 (bit-identical passthrough). A DTensor is
+    scaled shard by shard (the factor is the same on every rank)."""
     for g, h in zip(grads, factors.tolist()):
         if h != 1.0:
-            g.mul_(h)
+            _local(g).mul_(h)
 
 
-class AdaGCClipper:
+class AdaGCClipper(GradTransform):
     """Per-tensor adaptive clipping of ``.grad`` in place; call :meth:`clip_` once per optimizer update
     (after backward/unscale, before ``optimizer.step()``)."""
 
@@ -133,55 +239,47 @@ class AdaGCClipper:
             raise ValueError(f"beta must be in [0, 1), got {beta}")
         if warmup < 0:
             raise ValueError(f"warmup must be >= 0, got {warmup}")
-        self.params = unique_named_params(named_params)
-        self.names = [n for n, _ in self.params]
+        super().__init__(named_params)
         self.lambda_rel, self.beta, self.warmup = float(lambda_rel), float(beta), int(warmup)
         self.lambda_abs, self.eps, self.warmup_ref = float(lambda_abs), float(eps), warmup_ref
         self.dead_reseed = dead_reseed
-        self.step = 0                                   # optimizer updates clipped so far
         self.gamma: dict[str, float] = {}               # reference norm per canonical name
 
     # ---- the transform -------------------------------------------------------------------------
-    def clip_(self) -> ClipStats:
-        live = [(n, p.grad) for n, p in self.params if p.grad is not None]
-        names = [n for n, _ in live]
-        grads = [g for _, g in live]
-        norms = grad_norms(grads).double().cpu()
+    def _factors(self, names: list[str], norms: torch.Tensor) -> tuple[torch.Tensor, str]:
+        """Factors from the (global, finite) per-tensor norms; commits gamma. Called by ``clip_``, which
+        skips non-finite steps before this and advances t after it."""
         t = self.step + 1
         if t <= self.warmup:
             total = float(norms.pow(2).sum().sqrt())
             h = min(1.0, self.lambda_abs / (total + self.eps))
-            factors = torch.full((len(grads),), h, dtype=torch.float64)
+            factors = torch.full((len(names),), h, dtype=torch.float64)
             ref = norms * h if self.warmup_ref == "clipped" else norms
             for n, r in zip(names, ref.tolist()):
                 self.gamma[n] = r if n not in self.gamma else min(self.gamma[n], r)
-            stage = "warmup"
-        else:
-            factors = torch.ones(len(grads), dtype=torch.float64)
-            for i, (n, g_norm) in enumerate(zip(names, norms.tolist())):
-                prev = self.gamma.get(n)
-                if prev is None or (prev == 0.0 and self.dead_reseed):
-                    # never seen / dead during warm-up: pass through and seed the reference
-                    self.gamma[n] = g_norm
-                    continue
-                h = min(1.0, self.lambda_rel * prev / (g_norm + self.eps)) if g_norm > 0 else 1.0
-                factors[i] = h
-                self.gamma[n] = self.beta * prev + (1.0 - self.beta) * (h * g_norm)
-            stage = "adaptive"
-        scale_grads_(grads, factors)
-        self.step = t
-        return make_stats(t, stage, names, norms, factors)
+            return factors, "warmup"
+        factors = torch.ones(len(names), dtype=torch.float64)
+        for i, (n, g_norm) in enumerate(zip(names, norms.tolist())):
+            prev = self.gamma.get(n)
+            if prev is None or (prev == 0.0 and self.dead_reseed):
+                # never seen / dead during warm-up: pass through and seed the reference
+                self.gamma[n] = g_norm
+                continue
+            h = min(1.0, self.lambda_rel * prev / (g_norm + self.eps)) if g_norm > 0 else 1.0
+            factors[i] = h
+            self.gamma[n] = self.beta * prev + (1.0 - self.beta) * (h * g_norm)
+        return factors, "adaptive"
 
     # ---- state -----------------------------------------------------------------------------------
     def state_dict(self) -> dict:
-        return {"method": self.name, "step": self.step, "gamma": dict(self.gamma),
+        return {"method": self.name, "step": self.step, "skipped": self.skipped, "gamma": dict(self.gamma),
                 "hparams": {"lambda_rel": self.lambda_rel, "beta": self.beta, "warmup": self.warmup,
                             "lambda_abs": self.lambda_abs, "eps": self.eps, "warmup_ref": self.warmup_ref,
                             "dead_reseed": self.dead_reseed}}
 
     def load_state_dict(self, state: dict) -> None:
-        self.step = int(state["step"])
-        self.gamma = {str(k): float(v) for k, v in state["gamma"].items()}
+        super().load_state_dict(state)
+        self.gamma = {canonical_name(str(k)): float(v) for k, v in state["gamma"].items()}
 
     def state_bytes(self) -> int:
         """Extra optimizer-state bytes: one fp32 scalar per tensor (+ the step counter)."""

@@ -1,6 +1,12 @@
 """`llmtool train pretrain|sft`: from-scratch pretraining of a small Llama and fine-tuning, each with a
 ``--clip`` policy (none, global, local-fixed, adagc, zclip), fault injection and per-update metrics.
-Torch/transformers are imported inside the commands so `llmtool --help` stays fast."""
+Torch/transformers are imported inside the commands so `llmtool --help` stays fast.
+
+Multi-process (``torchrun``/``accelerate launch``, DDP, FSDP2, ZeRO-1): every rank runs this command; the
+Trainer shards the data (each optimizer update sees ``ranks x --batch-size x --grad-accum`` sequences),
+the clipper takes identical decisions on every rank, the main process alone writes OUT (model, metrics,
+report, provenance) while all ranks share its checkpoint folder. ``--resume DIR`` is checked like a MODEL
+argument and its state files are inspected without unpickling (:mod:`llmtool.core.resume`)."""
 from pathlib import Path
 from typing import Annotated, Optional
 
@@ -51,20 +57,31 @@ def _run(j, model, tok, rows, args, clip, optimizer, grad_spike, garbage, lr_spi
 
     if optimizer not in OPTIMIZERS:
         raise UsageError(f"--optimizer {optimizer!r}: choose one of {', '.join(OPTIMIZERS)}")
+    if resume is not None:
+        from llmtool.core.resume import check_resume_dir
+
+        check_resume_dir(resume)  # again for library callers; cheap
     names = [n for n, p in model.named_parameters() if p.requires_grad]
     faults = Faults.parse(grad_spike, garbage, lr_spike, names=names)
-    if resume is not None and not (Path(resume) / "trainer_state.json").is_file():
-        raise UsageError(f"--resume {resume}: not a checkpoint directory (no trainer_state.json)")
+    from llmtool.core import dist
+    from llmtool.core.trainer import full_state_dict
+
     ckpt = j.dir / "checkpoints"
-    ckpt.mkdir()
+    if dist.is_main():
+        ckpt.mkdir()
+    # every rank's Trainer writes into the main process's checkpoint dir (per-rank RNG files included)
+    ckpt = dist.main_path(ckpt)
     res = train_with_clipper(model, tok, rows, args, clip, optimizer=optimizer, faults=faults, out_dir=ckpt,
                              metrics_path=j.dir / "metrics.jsonl", resume=str(resume) if resume else False,
                              window=window, sigma=sigma)
-    if not any(ckpt.iterdir()):
-        ckpt.rmdir()
+    state = full_state_dict(model)  # a collective under FSDP2: every rank takes part
+    dist.barrier()                  # no rank is still writing into the main process's temporary OUT
     res.pop("records")
-    model.save_pretrained(j.dir / "model", safe_serialization=True)
-    tok.save_pretrained(j.dir / "model")
+    if dist.is_main():
+        if not any(ckpt.iterdir()):
+            ckpt.rmdir()
+        model.save_pretrained(j.dir / "model", state_dict=state, safe_serialization=True)
+        tok.save_pretrained(j.dir / "model")
     return res
 
 
@@ -103,9 +120,12 @@ def pretrain(
     """Pretrain a small Llama from scratch (default model's tokenizer) with a clipping policy. The global
     --seed sets the initialisation, data order and faults."""
     from llmtool.core.preflight import looks_like_path, preflight, resolve_model
+    from llmtool.core.resume import check_resume_dir
 
     preflight(None, out, inputs=(data if looks_like_path(data) else None, resume), overwrite=overwrite)
     resolve_model(tokenizer)  # fail fast, before torch is imported
+    if resume is not None:  # the same checks as a MODEL argument, and no pickle is ever run
+        check_resume_dir(resume)
     from llmtool.core.console import OPTIONS, emit
     from llmtool.core.job import job
     from llmtool.core.models import load_tokenizer, tiny_llama
@@ -121,9 +141,9 @@ def pretrain(
         model = tiny_llama(len(tok), layers=layers, d_model=d_model, heads=heads, max_length=max_length, seed=seed,
                            bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id)
         if resume is not None:
-            from transformers import LlamaForCausalLM
+            from llmtool.core.models import load_model
 
-            model = LlamaForCausalLM.from_pretrained(resume)
+            model = load_model(resume).train()  # safetensors only, every tensor present, finite
         res = _run(j, model, tok, train, args, clip, optimizer, inject_grad_spike, inject_garbage, inject_lr_spike,
                    resume, spike_window, spike_sigma)
         res["val_loss"] = eval_loss(model, val)
@@ -163,8 +183,11 @@ def sft(
 ):
     """Fine-tune MODEL (full fine-tune) with a clipping policy (data order seeded by the global --seed)."""
     from llmtool.core.preflight import preflight
+    from llmtool.core.resume import check_resume_dir
 
-    preflight(model, out, inputs=(data,), overwrite=overwrite)  # fail fast, before torch is imported
+    preflight(model, out, inputs=(data, resume), overwrite=overwrite)  # fail fast, before torch is imported
+    if resume is not None:
+        check_resume_dir(resume)
     from llmtool.core.console import OPTIONS, emit
     from llmtool.core.job import job
     from llmtool.train.sft import load_sft_rows
@@ -179,7 +202,7 @@ def sft(
         if resume is not None:
             from llmtool.core.models import load_model
 
-            m = load_model(resume, check=False)
+            m = load_model(resume)
         m.train()
         res = _run(j, m, j.tokenizer, rows, args, clip, optimizer, inject_grad_spike, inject_garbage, inject_lr_spike,
                    resume, spike_window, spike_sigma)

@@ -15,6 +15,11 @@ Baselines (spec §4):
   0.97) after a warm-up of plain observation; when z = (G - mu)/s > z_thr the gradient is rescaled to norm
   mu + z_thr * s (reconstructed choice: the "clip to threshold" variant, not the reciprocal one); the
   statistics are updated with the clipped norm.
+
+Every policy is a :class:`GradTransform`: per-tensor norms are global across ranks (DDP, ZeRO-1, FSDP2
+shards: see :mod:`llmtool.train.adagc`), so all ranks take the same decision; a step whose gradient has a
+non-finite norm is skipped by every policy (gradients dropped, no state advance, ``skipped`` in the
+statistics), so one overflow neither moves the weights nor poisons the policy's running statistics.
 """
 from __future__ import annotations
 
@@ -45,78 +50,104 @@ def _t():
 CLIPPERS: Registry = Registry("train", what="clipping policy")
 
 
-class _Base:
+class GradTransform:
+    """What every clipping policy shares: the parameters it is bound to (re-bindable after a wrapper
+    replaced them), the live gradients, distributed per-tensor norms and the non-finite skip."""
+
     name = "base"
 
     def __init__(self, named_params: Iterable[tuple[str, "torch.nn.Parameter"]]):
-        self.params = _t()[1].unique_named_params(named_params)
-        self.step = 0
+        self.bind(named_params)
+        self.step = 0                                   # optimizer updates clipped so far (skips excluded)
+        self.skipped = 0                                # updates skipped for a non-finite gradient
 
-    def _live(self):
+    def bind(self, named_params: Iterable[tuple[str, "torch.nn.Parameter"]]) -> None:
+        self.params = _t()[1].unique_named_params(named_params)
+        self.names = [n for n, _ in self.params]
+        self._ids = frozenset(id(p) for _, p in self.params)
+
+    def bound_to(self, model) -> bool:
+        return self._ids == frozenset(id(p) for p in model.parameters() if p.requires_grad)
+
+    def _measure(self):
         live = [(n, p.grad) for n, p in self.params if p.grad is not None]
-        return [n for n, _ in live], [g for _, g in live]
+        if self.params and not live:
+            raise RuntimeError(f"{self.name} clipping: none of the {len(self.params)} bound parameters has a "
+                               "gradient (clipper bound to parameters a wrapper replaced?)")
+        names = [n for n, _ in live]
+        grads = [g for _, g in live]
+        return names, grads, _t()[1].grad_norms(grads)
+
+    def _skip(self, names: list[str], norms):
+        torch, A = _t()
+        A.drop_grads_(self.params)
+        self.skipped += 1
+        st = A.make_stats(self.step + 1, "skipped", names, norms, torch.ones(len(names), dtype=torch.float64))
+        st.skipped = True
+        st.n_nonfinite = int((~torch.isfinite(norms)).sum())
+        return st
+
+    def clip_(self):
+        """Clip ``.grad`` in place once per optimizer update; returns the update's ``ClipStats``."""
+        torch, A = _t()
+        names, grads, norms = self._measure()
+        if not bool(torch.isfinite(norms).all()):
+            return self._skip(names, norms)
+        factors, stage = self._factors(names, norms)
+        A.scale_grads_(grads, factors)
+        self.step += 1
+        return A.make_stats(self.step, stage, names, norms, factors)
+
+    def _factors(self, names: list[str], norms):
+        """(per-tensor factors as float64, stage name) from finite global norms; commits the policy's state."""
+        raise NotImplementedError
 
     def state_dict(self) -> dict:
-        return {"method": self.name, "step": self.step}
+        return {"method": self.name, "step": self.step, "skipped": self.skipped}
 
     def load_state_dict(self, state: dict) -> None:
         self.step = int(state["step"])
+        self.skipped = int(state.get("skipped", 0))
 
     def state_bytes(self) -> int:
         return 8
 
 
-class NoClip(_Base):
+class NoClip(GradTransform):
     name = "none"
 
-    def clip_(self):
-        torch, A = _t()
-        grad_norms, make_stats = A.grad_norms, A.make_stats
-        names, grads = self._live()
-        norms = grad_norms(grads).double().cpu()
-        self.step += 1
-        return make_stats(self.step, "none", names, norms, torch.ones(len(grads), dtype=torch.float64))
+    def _factors(self, names, norms):
+        torch = _t()[0]
+        return torch.ones(len(names), dtype=torch.float64), "none"
 
 
-class GlobalClip(_Base):
+class GlobalClip(GradTransform):
     name = "global"
 
     def __init__(self, named_params, max_norm: float = 1.0, eps: float = 1e-6):
         super().__init__(named_params)
         self.max_norm, self.eps = float(max_norm), float(eps)
 
-    def clip_(self):
-        torch, A = _t()
-        grad_norms, make_stats, scale_grads_ = A.grad_norms, A.make_stats, A.scale_grads_
-        names, grads = self._live()
-        norms = grad_norms(grads).double().cpu()
+    def _factors(self, names, norms):
+        torch = _t()[0]
         total = float(norms.pow(2).sum().sqrt())
         h = min(1.0, self.max_norm / (total + self.eps))
-        factors = torch.full((len(grads),), h, dtype=torch.float64)
-        scale_grads_(grads, factors)
-        self.step += 1
-        return make_stats(self.step, "global", names, norms, factors)
+        return torch.full((len(names),), h, dtype=torch.float64), "global"
 
 
-class LocalFixedClip(_Base):
+class LocalFixedClip(GradTransform):
     name = "local-fixed"
 
     def __init__(self, named_params, max_norm: float = 0.1, eps: float = 1e-6):
         super().__init__(named_params)
         self.max_norm, self.eps = float(max_norm), float(eps)
 
-    def clip_(self):
-        torch, A = _t()
-        grad_norms, make_stats, scale_grads_ = A.grad_norms, A.make_stats, A.scale_grads_
-        names, grads = self._live()
-        norms = grad_norms(grads).double().cpu()
-        factors = torch.clamp(self.max_norm / (norms + self.eps), max=1.0)
-        scale_grads_(grads, factors)
-        self.step += 1
-        return make_stats(self.step, "local", names, norms, factors)
+    def _factors(self, names, norms):
+        torch = _t()[0]
+        return torch.clamp(self.max_norm / (norms + self.eps), max=1.0), "local"
 
 
-class ZClip(_Base):
+class ZClip(GradTransform):
     name = "zclip"
 
     def __init__(self, named_params, z_thr: float = 2.5, alpha: float = 0.97, warmup: int = 25, eps: float = 1e-6):
@@ -126,11 +157,8 @@ class ZClip(_Base):
         self.var = 0.0
         self._seen: list[float] = []
 
-    def clip_(self):
-        torch, A = _t()
-        grad_norms, make_stats, scale_grads_ = A.grad_norms, A.make_stats, A.scale_grads_
-        names, grads = self._live()
-        norms = grad_norms(grads).double().cpu()
+    def _factors(self, names, norms):
+        torch = _t()[0]
         total = float(norms.pow(2).sum().sqrt())
         h = 1.0
         if self.step < self.warmup:
@@ -148,16 +176,15 @@ class ZClip(_Base):
                 h = min(1.0, clipped_total / (total + self.eps))
             self.mean = self.alpha * self.mean + (1 - self.alpha) * clipped_total
             self.var = self.alpha * self.var + (1 - self.alpha) * (clipped_total - self.mean) ** 2
-        factors = torch.full((len(grads),), h, dtype=torch.float64)
-        scale_grads_(grads, factors)
-        self.step += 1
-        return make_stats(self.step, "zclip", names, norms, factors)
+        return torch.full((len(names),), h, dtype=torch.float64), "zclip"
 
     def state_dict(self) -> dict:
-        return {"method": self.name, "step": self.step, "mean": self.mean, "var": self.var, "seen": list(self._seen)}
+        return {"method": self.name, "step": self.step, "skipped": self.skipped, "mean": self.mean,
+                "var": self.var, "seen": list(self._seen)}
 
     def load_state_dict(self, state: dict) -> None:
         self.step, self.mean, self.var = int(state["step"]), state["mean"], float(state["var"])
+        self.skipped = int(state.get("skipped", 0))
         self._seen = list(state.get("seen", []))
 
     def state_bytes(self) -> int:
@@ -239,6 +266,9 @@ class AdaGCConfig(MethodConfig):
 
 
 def build_clipper(cfg: MethodConfig, model):
+    """The clipper of ``cfg`` bound to ``model``'s parameters. Build it from the *wrapped* model (after
+    FSDP2's ``fully_shard``), or let :class:`llmtool.core.trainer.ClipCallback` rebind it: a clipper bound
+    to parameters a wrapper replaced finds no gradients and raises (never a silent no-op)."""
     return cfg.build(model.named_parameters())
 
 
