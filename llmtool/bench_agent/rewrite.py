@@ -79,7 +79,10 @@ class RewriteSpec:
         path = Path(path)
         if not path.is_file():
             raise UsageError(f"--rewrite-spec {path}: no such file")
-        text = path.read_text()
+        try:
+            text = path.read_bytes().decode("utf-8")
+        except UnicodeDecodeError as e:
+            raise UsageError(f"--rewrite-spec {path}: not UTF-8 text (byte {e.start})") from None
         try:
             if path.suffix in (".yaml", ".yml"):
                 import yaml

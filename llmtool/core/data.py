@@ -51,6 +51,8 @@ def iter_jsonl(path: str | Path) -> Iterator[tuple[int, dict]]:
                 row = json.loads(line)
             except json.JSONDecodeError as e:
                 raise UsageError(f"{path}:{i}: malformed JSON ({e.msg})") from None
+            except RecursionError:
+                raise UsageError(f"{path}:{i}: malformed JSON (nested too deeply)") from None
             if not isinstance(row, dict):
                 raise UsageError(f"{path}:{i}: each line must be a JSON object")
             yield i, row

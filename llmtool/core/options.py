@@ -103,7 +103,16 @@ def check_count(flag: str, name: str, value) -> None:
 
 
 def check_counts(values: dict, flags: dict[str, str] | None = None) -> None:
-    """:func:`check_count` over a command's keyword arguments (``flags`` maps a name to its option)."""
+    """:func:`check_count` over a command's keyword arguments (``flags`` maps a name to its option), and
+    every float option finite: ``nan`` and ``inf`` pass Typer's range checks (``nan < 0`` is false) and
+    used to reach the numerics (``judge-synth --tau nan`` ended as an internal error)."""
+    import math
+
+    from llmtool.core.console import UsageError
+
     flags = flags or {}
     for name, value in values.items():
-        check_count(flags.get(name, "--" + name.replace("_", "-")), name, value)
+        flag = flags.get(name, "--" + name.replace("_", "-"))
+        if isinstance(value, float) and not math.isfinite(value):
+            raise UsageError(f"{flag} {value}: must be a finite number")
+        check_count(flag, name, value)

@@ -11,6 +11,11 @@ from llmtool.core.options import ModelArg, OutDirArg, Overwrite
 
 app = typer.Typer(no_args_is_help=True)
 
+# the choices of `find` (the same as keystone.SCORES, which imports torch; a test keeps them equal), checked
+# before the model loads
+SCORES = ("worst-rank", "mean", "min")
+RANK_SCOPES = ("global", "family")
+
 
 def _require_keystone(neurons: Path) -> None:
     """The --neurons file exists (before torch is imported; load_keystone reads and validates it)."""
@@ -47,6 +52,10 @@ def find_command(
 
     from llmtool.core.preflight import preflight
 
+    if score not in SCORES:
+        raise UsageError(f"unknown --score {score!r}; choose one of: {', '.join(SCORES)}")
+    if rank_scope not in RANK_SCOPES:
+        raise UsageError(f"unknown --rank-scope {rank_scope!r}; choose global or family")
     preflight(model, out, inputs=(prompts or None,), overwrite=overwrite)  # fail fast, before torch is imported
     from llmtool.core.checkpoint import check_output
     from llmtool.core.models import load_model, load_tokenizer, resolve_model

@@ -114,19 +114,24 @@ def _read_columns(path: Path) -> tuple[list[str], list[list]]:
         cols = [table.column(i).to_pylist() for i in range(table.num_columns)]
         rows = [list(r) for r in zip(*cols)] if cols else []
         return header, rows
-    with open(path, newline="", encoding="utf-8") as fh:
-        reader = csv.reader(fh)
-        try:
-            header = next(reader)
-        except StopIteration:
-            raise UsageError(f"{path}: empty file") from None
-        rows = []
-        for line_no, r in enumerate(reader, 2):
-            if not r:
-                continue
-            if len(r) != len(header):
-                raise UsageError(f"{path}:{line_no}: {len(r)} fields, header has {len(header)}")
-            rows.append(r)
+    try:
+        with open(path, newline="", encoding="utf-8") as fh:
+            reader = csv.reader(fh)
+            try:
+                header = next(reader)
+            except StopIteration:
+                raise UsageError(f"{path}: empty file") from None
+            rows = []
+            for line_no, r in enumerate(reader, 2):
+                if not r:
+                    continue
+                if len(r) != len(header):
+                    raise UsageError(f"{path}:{line_no}: {len(r)} fields, header has {len(header)}")
+                rows.append(r)
+    except UnicodeDecodeError as e:
+        raise UsageError(f"{path}: not UTF-8 text (byte {e.start})") from None
+    except csv.Error as e:
+        raise UsageError(f"{path}: malformed CSV ({e})") from None
     return [h.strip() for h in header], rows
 
 

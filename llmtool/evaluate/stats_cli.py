@@ -444,9 +444,9 @@ def judge_synth_cmd(
     out_dir: Path = typer.Argument(..., metavar="OUT", help="Folder for votes.jsonl, human.jsonl, truth.jsonl."),
     items: int = typer.Option(500, min=10),
     n_votes: int = typer.Option(20, "--n", min=1, help="Votes per item."),
-    tau: float = typer.Option(1.5),
-    omega: float = typer.Option(0.5, help="sd of log nu_i (0 = shared nu)."),
-    nu_h: float = typer.Option(2.0, help="Human tie parameter."),
+    tau: float = typer.Option(1.5, min=0.0, max=20.0, help="sd of the item strengths theta_i."),
+    omega: float = typer.Option(0.5, min=0.0, max=10.0, help="sd of log nu_i (0 = shared nu)."),
+    nu_h: float = typer.Option(2.0, min=0.0, max=1e6, help="Human tie parameter."),
     swap: bool = typer.Option(True, help="Write half of the votes in BA order (presented frame)."),
     overwrite: bool = typer.Option(False, "--overwrite"),
 ) -> None:
@@ -514,19 +514,23 @@ def autograder_fit_cmd(
     overwrite: bool = typer.Option(False, "--overwrite"),
 ) -> None:
     """Fit a Bayesian GLM of grades; write draws, summary (R-hat, ESS), diagnostics, LOO/WAIC."""
-    preflight(None, out, inputs=(data,), overwrite=overwrite)
-    from llmtool.core.checkpoint import atomic_output, write_provenance
-    from llmtool.core.data import read_table
-    from llmtool.evaluate import autograder_glm as G
-
-    check_output(out, overwrite, inputs=(data,))
     lv = None
     if levels:
         try:
             lo, hi = (int(x) for x in levels.split(":"))
         except ValueError:
             raise UsageError(f"--levels: expected MIN:MAX integers, got {levels!r}") from None
+        if lo >= hi:
+            raise UsageError(f"--levels {levels}: MIN must be below MAX (an ordinal scale has two or more grades)")
         lv = (lo, hi)
+    if not 0.0 < target_accept < 1.0:
+        raise UsageError(f"--target-accept {target_accept}: must lie in (0, 1)")
+    preflight(None, out, inputs=(data,), overwrite=overwrite)
+    from llmtool.core.checkpoint import atomic_output, write_provenance
+    from llmtool.core.data import read_table
+    from llmtool.evaluate import autograder_glm as G
+
+    check_output(out, overwrite, inputs=(data,))
     cfg = G.GlmConfig(outcome=outcome, kind=kind, levels=lv, effects=_csv_list(effects),
                       interactions=_csv_list(interactions), slopes=_csv_list(slopes),
                       standardise=_csv_list(standardise), random=_csv_list(random), hierarchical=hierarchical,
@@ -535,6 +539,7 @@ def autograder_fit_cmd(
                       max_tree_depth=max_tree_depth, seed=OPTIONS.seed, tag=tag)
     G.validate_config(cfg)
     rows = read_table(data)
+    G.build_design(rows, cfg, str(data))  # empty, non-numeric or non-finite grades: refused before sampling
     info(f"NUTS: {chains} chains x ({warmup} warm-up + {samples} draws) on {len(rows)} rows")
     fitted = G.fit(rows, cfg, str(data))
     ic = G.information_criteria(fitted)

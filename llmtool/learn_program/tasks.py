@@ -420,7 +420,12 @@ def read_lines(path: Path) -> list[tuple[str, int]]:
     if not path.is_file():
         raise UsageError(f"{path}: no such file")
     rows = []
-    for n, line in enumerate(path.read_text(encoding="utf-8", errors="replace").splitlines(), 1):
+    try:  # strict: a non-UTF-8 file is refused, not read with replacement characters as inputs
+        text = path.read_bytes().decode("utf-8")
+    except UnicodeDecodeError as e:
+        line = path.read_bytes()[:e.start].count(b"\n") + 1
+        raise UsageError(f"{path}:{line}: not UTF-8 text (byte {e.start})") from None
+    for n, line in enumerate(text.splitlines(), 1):
         if not line.strip():
             continue
         if " -> " not in line:

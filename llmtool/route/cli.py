@@ -184,6 +184,19 @@ def train_cmd(
     overwrite: Overwrite = False,
 ) -> None:
     """Train a FusionRoute router: --stage sft from --base over --experts, or --stage cdpo from --init."""
+    # every option value is checked here, before any heavy import or model load
+    if stage not in ("sft", "cdpo"):
+        raise UsageError(f"--stage {stage!r}: choose sft or cdpo")
+    if mask not in ("informative", "informative-strict", "all"):
+        raise UsageError(f"--mask {mask!r}: choose informative, informative-strict or all")
+    if stage == "sft" and init is not None:
+        raise UsageError("--init applies to --stage cdpo only")
+    if stage == "sft" and not experts:
+        raise UsageError("--stage sft needs --experts")
+    if stage == "cdpo" and init is None:
+        raise UsageError("--stage cdpo needs --init (a stage-1 router dir)")
+    if stage == "cdpo" and (experts or base):
+        raise UsageError("--stage cdpo takes its experts and base from --init; drop --experts/--base")
     _preflight((base or "smollm2-135m") if stage == "sft" else None, out, (data, init), overwrite, experts)
     from llmtool.core.job import job
     from llmtool.core.models import load_model, load_tokenizer, resolve_model
