@@ -10,8 +10,10 @@ model at a tiny horizon) and harness cost.
     python benchmarks/bench_agent.py --only uh-model --uh-model-envs grid,seq,bio --uh-model-steps 3,10 \
         --uh-model-runs 8 --workers 2                 # the default model's UltraHorizon cells only
 
-Writes benchmarks/results/bench_agent.{json,md,png}. Acceptance gates are reported as met / NOT met
-with the measured figure; nothing is hard-coded.
+Writes benchmarks/results/bench_agent.{json,md,png}. Acceptance gates are reported as met / NOT met /
+not tested (``benchmarks/gates.py``) with the measured figure; nothing is hard-coded. The base model's
+IR gate is not tested when the base model makes no valid tool call in the dual-interface runs (its IR
+is then 1 by definition, not by measurement).
 """
 from __future__ import annotations
 
@@ -25,6 +27,9 @@ from pathlib import Path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 RESULTS = Path(__file__).parent / "results"
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from benchmarks.gates import gate, render  # noqa: E402
+
 MODES = ("none", "synonym", "obfuscate", "dual-ori-first", "dual-syn-first")
 ACCEPTANCE_ENV = "grid-nav"   # the issue gates the fine-tuning experiment here; other envs are reported
 
@@ -347,7 +352,7 @@ def main() -> None:
     r["base_tokens_per_s"] = sum(v["completion_tokens"] for v in r["base"].values()) / r["base_seconds"]
     r["kv_reused_tokens"] = agent.reused_tokens
     ir = r["base_ir"]
-    gates["base_ir_in_[0.5,2]"] = {"met": 0.5 <= ir["ir"] <= 2, "measured": ir["ir"]}
+    gates["base_ir_in_[0.5,2]"] = base_ir_gate(r)
     print(f"  base IR {ir['ir']:.2f} [{ir['ir_lo']:.2f},{ir['ir_hi']:.2f}]", flush=True)
     write(results)
 
@@ -374,13 +379,16 @@ def main() -> None:
         phase[f"sft_train_and_eval {env_name}"] = round(time.time() - t0, 1)
         ft, fir = r["sft_eval"], r["sft_ir"]
         print(f"  fine-tuned IR {fir['ir']:.2f} [{fir['ir_lo']:.2f},{fir['ir_hi']:.2f}]", flush=True)
-        gates["ft_sr_original>=0.8"] = {"met": ft["none"]["sr"] >= 0.8, "measured": ft["none"]["sr"]}
-        gates["ft_sr_obfuscate<=0.5*sr_original"] = {
-            "met": ft["obfuscate"]["sr"] <= 0.5 * ft["none"]["sr"] and ft["none"]["sr"] > 0,
-            "measured": [ft["obfuscate"]["sr"], ft["none"]["sr"]]}
-        gates["ft_ir>2_with_ci"] = {"met": fir["ir_lo"] > 2, "measured": [fir["ir"], fir["ir_lo"], fir["ir_hi"]]}
+        gates["ft_sr_original>=0.8"] = gate("ft_sr_original>=0.8", ft["none"]["sr"] >= 0.8, ft["none"]["sr"])
+        gates["ft_sr_obfuscate<=0.5*sr_original"] = gate(
+            "ft_sr_obfuscate<=0.5*sr_original", ft["obfuscate"]["sr"] <= 0.5 * ft["none"]["sr"],
+            [ft["obfuscate"]["sr"], ft["none"]["sr"]], precondition=ft["none"]["sr"] > 0,
+            reason="the fine-tuned agent never succeeds in the original interface: nothing to lose under obfuscation")
+        gates["ft_ir>2_with_ci"] = gate("ft_ir>2_with_ci", fir["ir_lo"] > 2, [fir["ir"], fir["ir_lo"], fir["ir_hi"]],
+                                        precondition=dual_calls(ft) > 0,
+                                        reason="the fine-tuned agent makes no valid tool call in the dual runs")
     else:
-        gates["sft_experiment"] = "not run (pass --sft)"
+        gates["sft_experiment"] = gate("sft_experiment", False, precondition=False, reason="not run (pass --sft)")
     wall = round(time.time() - t_start, 1)
     if args.only == "pipe":
         r["wall_seconds"] = wall       # the whole run's wall time stays that of the full command
@@ -389,6 +397,22 @@ def main() -> None:
     write(results)
     print(json.dumps(results["gates"], indent=1, default=str))
     print(f"total {wall:.0f} s")
+
+
+def dual_calls(evals: dict) -> int:
+    """Valid tool calls (original or alias names) in the two dual-interface runs, from which IR is computed."""
+    return sum(evals.get(m, {}).get(k, 0) for m in ("dual-ori-first", "dual-syn-first")
+               for k in ("orig_calls", "alias_calls"))
+
+
+def base_ir_gate(r: dict) -> dict:
+    """IR of the base model in [0.5, 2] (no reliance on either name set). Tested only when the base model
+    makes valid tool calls in the dual runs: a model that never acts has IR = 1 by definition (issue 42)."""
+    ir = r["base_ir"]
+    n = dual_calls(r.get("base", {}))
+    return gate("base_ir_in_[0.5,2]", 0.5 <= ir["ir"] <= 2, ir["ir"], precondition=n > 0,
+                reason="the base model makes no valid tool call in the dual-interface runs, so its IR is 1 by "
+                       "definition (needs a control agent that acts)")
 
 
 def oracle_gate(oracle: dict) -> bool:
@@ -414,6 +438,10 @@ def write(results: dict) -> None:
     from llmtool.core.console import markdown_table
 
     RESULTS.mkdir(parents=True, exist_ok=True)
+    for env_name, r in results.get("pipe", {}).items():  # re-judged, so results stored before the precondition get it
+        if "base_ir" in r and "base" in r:
+            where = results["gates"] if env_name == ACCEPTANCE_ENV else r.setdefault("checks", {})
+            where["base_ir_in_[0.5,2]"] = base_ir_gate(r)
     (RESULTS / "bench_agent.json").write_text(json.dumps(results, indent=2, default=str))
     lines = ["# bench-agent benchmark", "", f"Command: `{results['command']}`", ""]
     if results.get("oracle_command"):
@@ -471,13 +499,11 @@ def write(results: dict) -> None:
 
 
 def _gate(v) -> str:
-    if isinstance(v, bool):
-        return "met" if v else "NOT met"
-    if isinstance(v, dict):
+    if isinstance(v, dict) and "measured" in v:
         m = v["measured"]
         m = f"{m:.3g}" if isinstance(m, float) else json.dumps(m, default=lambda x: round(x, 3))
-        return ("met" if v["met"] else "NOT met") + f" (measured {m})"
-    return str(v)
+        return render({**v, "measured": m}, bold=False)
+    return render(v, bold=False)
 
 
 def plot(results: dict) -> None:

@@ -8,7 +8,9 @@ Every step is the CLI a user would run (printed and recorded), in a work directo
     python benchmarks/route.py --train 2000 --test 200 --router-rows 0 --template chat   # issue protocol
 
 Writes benchmarks/results/route.json, route.md and route.png (accuracy per domain and method).
-Gates from the issue are evaluated and reported as met / NOT met with the measured figures.
+Gates from the issue are evaluated and reported as met / NOT met / not tested (``benchmarks/gates.py``)
+with the measured figures: "fusion >= best expert + 15" and ">= 90 % routing" are not tested when the
+experts are disjoint (each <= 5 % on the other's domain), where any router better than a coin passes.
 """
 from __future__ import annotations
 
@@ -24,6 +26,8 @@ import time
 from pathlib import Path
 
 RESULTS = Path(__file__).parent / "results"
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from benchmarks.gates import NOT_TESTED, gate, verdict  # noqa: E402
 PY = [sys.executable, "-m", "llmtool"]
 
 
@@ -46,6 +50,58 @@ def run_measured(args: list[str], log: list, env: dict) -> dict:
     if rc != 0:
         raise SystemExit(f"step failed (rc {rc}): {text}; see {env['ROUTE_BENCH_WORK']}/stderr.log")
     return rec
+
+
+DISJOINT_TOL = 0.05  # an expert at <= 5 % on every other domain knows nothing of it
+
+
+def disjoint_experts(acc: dict, doms: list[str], tol: float = DISJOINT_TOL) -> bool:
+    """Whether every domain expert scores <= ``tol`` on every other domain: then any router better than a
+    coin lifts the mean by ~1/n of the gap, and "routes to the matching expert" is what separable prompts
+    give for free (issue 42)."""
+    return all(acc[f"expert:{e}"][d] <= tol for e in doms for d in doms if d != e)
+
+
+def route_gates(acc: dict, mean: dict, rq: dict, doms: list[str]) -> list[dict]:
+    """The issue's gates as met / not met / not tested records (``benchmarks/gates.py``). "Fusion >= best
+    expert + 15" and ">= 90 % routing to the matching expert" are tested only when the experts are not
+    disjoint (each > 5 % somewhere outside its own domain); with disjoint experts they hold for any router
+    better than a coin."""
+    expert_names = [f"expert:{d}" for d in doms]
+    best_expert = max(expert_names, key=lambda n: mean[n])
+    best_merge = max(("merge-ta", "merge-dare"), key=lambda n: mean[n])
+    disjoint = disjoint_experts(acc, doms)
+    cross = {f"expert:{e} on {d}": acc[f"expert:{e}"][d] for e in doms for d in doms if d != e}
+    why = ("the experts are disjoint (each <= 5 % on the other's domain: "
+           + ", ".join(f"{k} {100 * v:.1f} %" for k, v in cross.items())
+           + "), so any router better than a coin passes")
+    out = [gate("calibration: base <= 25 % on each domain", all(acc["base"][d] <= 0.25 for d in doms),
+                {d: acc["base"][d] for d in doms})]
+    for d in doms:
+        others = [acc[f"expert:{o}"][d] for o in doms if o != d]
+        out.append(gate(f"calibration: expert:{d} >= 60 % on {d} and >= 30 points above the other expert",
+                        acc[f"expert:{d}"][d] >= 0.60 and all(acc[f"expert:{d}"][d] - o >= 0.30 for o in others),
+                        {"own": acc[f"expert:{d}"][d], "other": others}))
+    out.append(gate("FusionRoute mean >= best single expert mean + 15 points",
+                    mean["fusion"] >= mean[best_expert] + 0.15,
+                    {"fusion": round(mean["fusion"], 4), best_expert: round(mean[best_expert], 4)},
+                    precondition=not disjoint, reason=why))
+    out.append(gate("FusionRoute >= each domain's expert - 5 points on that domain",
+                    all(acc["fusion"][d] >= acc[f"expert:{d}"][d] - 0.05 for d in doms),
+                    {d: [acc["fusion"][d], acc[f"expert:{d}"][d]] for d in doms}))
+    out.append(gate("FusionRoute >= route-only - 1 point on every domain",
+                    all(acc["fusion"][d] >= acc["route-only"][d] - 0.01 for d in doms),
+                    {d: [acc["fusion"][d], acc["route-only"][d]] for d in doms}))
+    out.append(gate("FusionRoute mean >= best merge mean + 10 points", mean["fusion"] >= mean[best_merge] + 0.10,
+                    {"fusion": round(mean["fusion"], 4), best_merge: round(mean[best_merge], 4)}))
+    out.append(gate("FusionRoute mean >= token-select and seq-select means",
+                    mean["fusion"] >= mean["token-select"] and mean["fusion"] >= mean["seq-select"],
+                    {k: round(mean[k], 4) for k in ("fusion", "token-select", "seq-select")}))
+    out.append(gate("routing: matching expert on >= 90 % of informative positions",
+                    (rq["matching_expert_rate"] or 0) >= 0.90,
+                    {k: rq[k] for k in ("matching_expert_rate", "informative_fraction")},
+                    precondition=not disjoint, reason=why))
+    return out
 
 
 def mean_gap_ci(a: list[dict], b: list[dict]) -> dict:
@@ -170,34 +226,8 @@ def main() -> None:
     mean = {n: sum(v.values()) / len(v) for n, v in acc.items()}
     expert_names = [f"expert:{d}" for d in doms]
     best_expert = max(expert_names, key=lambda n: mean[n])
-    gates = []
-
-    def gate(name, ok, figures):
-        gates.append({"gate": name, "met": bool(ok), "measured": figures})
-
-    gate("calibration: base <= 25 % on each domain", all(acc["base"][d] <= 0.25 for d in doms),
-         {d: acc["base"][d] for d in doms})
-    for i, d in enumerate(doms):
-        others = [acc[f"expert:{o}"][d] for o in doms if o != d]
-        gate(f"calibration: expert:{d} >= 60 % on {d} and >= 30 points above the other expert",
-             acc[f"expert:{d}"][d] >= 0.60 and all(acc[f"expert:{d}"][d] - o >= 0.30 for o in others),
-             {"own": acc[f"expert:{d}"][d], "other": others})
-    gate("FusionRoute mean >= best single expert mean + 15 points", mean["fusion"] >= mean[best_expert] + 0.15,
-         {"fusion": round(mean["fusion"], 4), best_expert: round(mean[best_expert], 4)})
-    gate("FusionRoute >= each domain's expert - 5 points on that domain",
-         all(acc["fusion"][d] >= acc[f"expert:{d}"][d] - 0.05 for d in doms),
-         {d: [acc["fusion"][d], acc[f"expert:{d}"][d]] for d in doms})
-    gate("FusionRoute >= route-only - 1 point on every domain", all(acc["fusion"][d] >= acc["route-only"][d] - 0.01 for d in doms),
-         {d: [acc["fusion"][d], acc["route-only"][d]] for d in doms})
+    gates = route_gates(acc, mean, rq, doms)
     gap = mean_gap_ci(evals["fusion"]["items"], evals["route-only"]["items"])
-    best_merge = max(("merge-ta", "merge-dare"), key=lambda n: mean[n])
-    gate("FusionRoute mean >= best merge mean + 10 points", mean["fusion"] >= mean[best_merge] + 0.10,
-         {"fusion": round(mean["fusion"], 4), best_merge: round(mean[best_merge], 4)})
-    gate("FusionRoute mean >= token-select and seq-select means",
-         mean["fusion"] >= mean["token-select"] and mean["fusion"] >= mean["seq-select"],
-         {k: round(mean[k], 4) for k in ("fusion", "token-select", "seq-select")})
-    gate("routing: matching expert on >= 90 % of informative positions",
-         (rq["matching_expert_rate"] or 0) >= 0.90, {k: rq[k] for k in ("matching_expert_rate", "informative_fraction")})
 
     tps = {n: evals[n].get("tokens_per_s") for n in evals}
     cost = {"fusion_tokens_per_s": tps.get("fusion"), "single_expert_tokens_per_s": tps.get(expert_names[0]),
@@ -226,7 +256,8 @@ def main() -> None:
         row["mean"] = f"{100 * mean[n]:.1f}"
         row["tok/s"] = tps.get(n) if tps.get(n) is not None else "-"
         table.append(row)
-    gl = [{"gate": x["gate"], "met": "yes" if x["met"] else "**NOT met**", "measured": json.dumps(x["measured"])}
+    gl = [{"gate": x["gate"], "met": {True: "yes", False: "**NOT met**"}.get(x["met"], NOT_TESTED),
+           "measured": json.dumps(x["measured"]) + (f"; {x['reason']}" if verdict(x) == NOT_TESTED else "")}
           for x in gates]
     md = [f"# route benchmark ({args.model}, domains {', '.join(doms)}, {args.train} train / {args.test} test per domain, "
           f"template {args.template}, greedy, seed {args.seed})", "",

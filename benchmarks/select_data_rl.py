@@ -41,6 +41,7 @@ from select_data import GENERATORS, shift_pool  # noqa: E402
 from train_grpo import _greedy_eval, _run_jobs, _train_once, cached_sft, paired_vs_base  # noqa: E402
 
 RESULTS = ROOT / "benchmarks" / "results"
+from benchmarks.gates import render  # noqa: E402
 # every setting that changes an arm's result (sc_samples only changes the sc-entropy arm's picks, which are
 # stored in its record; the selector list and the seed count only add runs)
 PROTOCOL = ("model", "pool_per_gen", "budget", "feature_tokens", "steps", "group_size", "prompts",
@@ -241,10 +242,11 @@ def markdown(res: dict) -> str:
     g = res.get("gate")
     if g:
         lines += [f"**Gate** full-pool GRPO − starting policy ≥ 5 points in-domain: "
-                  f"{'met' if g['full - base >= 0.05 in-domain'] else 'not met'} (Δ {100 * g['delta']:+.1f} points, "
+                  f"{render(g['full - base >= 0.05 in-domain'], bold=False)} (Δ {100 * g['delta']:+.1f} points, "
                   f"paired 95 % CI [{100 * g['ci95'][0]:+.1f}, {100 * g['ci95'][1]:+.1f}], seeds pooled)."
                   + ("" if g["full - base >= 0.05 in-domain"] else
-                     " The selector comparison below is therefore uninformative at this scale."), ""]
+                     " The selector comparison below is therefore not tested at this scale (RL gains nothing "
+                     "for any selector to keep)."), ""]
     rows = [{"arm": "base (no RL)", "in-domain pass@1": round(res["base"]["in_domain"], 3),
              "transfer pass@1": None if res["base"]["transfer"] is None else round(res["base"]["transfer"], 3)}]
     for name, e in res["arms"].items():

@@ -113,3 +113,38 @@ def test_setpo_pass_at_k_direction_not_tested_when_saturated():
     assert sat["SetPO pass@8 - GRPO >= -2 points"] == gates.NOT_TESTED
     fell = {g["gate"]: g["verdict"] for g in grpo.setpo_directions(d(0.8, 0.7))}
     assert fell["SetPO pass@8 - GRPO >= -2 points"] == gates.NOT_MET
+
+
+def _route_acc(cross: float):
+    acc = {"base": {"math": 0.1, "code": 0.1}, "expert:math": {"math": 0.8, "code": cross},
+           "expert:code": {"math": cross, "code": 0.8}, "fusion": {"math": 0.8, "code": 0.8},
+           "route-only": {"math": 0.8, "code": 0.8}, "merge-ta": {"math": 0.3, "code": 0.3},
+           "merge-dare": {"math": 0.3, "code": 0.3}, "token-select": {"math": 0.5, "code": 0.5},
+           "seq-select": {"math": 0.5, "code": 0.5}}
+    return acc, {n: sum(v.values()) / 2 for n, v in acc.items()}
+
+
+@pytest.mark.parametrize("cross,want", [(0.0, gates.NOT_TESTED), (0.2, gates.NOT_MET)])
+def test_route_gates_not_tested_with_disjoint_experts(cross, want):
+    route = _bench("route")
+    acc, mean = _route_acc(cross)
+    rq = {"matching_expert_rate": 0.95, "informative_fraction": 0.667}
+    by = {g["gate"]: g for g in route.route_gates(acc, mean, rq, ["math", "code"])}
+    # fusion 0.8 vs best expert (0.8 + cross) / 2: +0.4 with disjoint experts, +0.3 at cross 0.2 ...
+    assert by["FusionRoute mean >= best single expert mean + 15 points"]["verdict"] == (
+        gates.NOT_TESTED if cross == 0.0 else gates.MET)
+    assert by["routing: matching expert on >= 90 % of informative positions"]["verdict"] == (
+        gates.NOT_TESTED if cross == 0.0 else gates.MET)
+    rq_low = {"matching_expert_rate": 0.6, "informative_fraction": 0.2}
+    low = {g["gate"]: g for g in route.route_gates(acc, mean, rq_low, ["math", "code"])}
+    assert low["routing: matching expert on >= 90 % of informative positions"]["verdict"] == want
+
+
+def test_bench_agent_base_ir_not_tested_when_the_base_model_never_acts():
+    ba = _bench("bench_agent")
+    silent = {m: {"orig_calls": 0, "alias_calls": 0} for m in ("none", "dual-ori-first", "dual-syn-first")}
+    r = {"base_ir": {"ir": 1.0}, "base": silent}
+    assert ba.base_ir_gate(r)["verdict"] == gates.NOT_TESTED  # was "met": IR = 1 by definition
+    acting = dict(silent, **{"dual-ori-first": {"orig_calls": 9, "alias_calls": 1}})
+    assert ba.base_ir_gate({"base_ir": {"ir": 1.0}, "base": acting})["verdict"] == gates.MET
+    assert ba.base_ir_gate({"base_ir": {"ir": 3.0}, "base": acting})["verdict"] == gates.NOT_MET
