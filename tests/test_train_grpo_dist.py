@@ -1,0 +1,77 @@
+"""`train grpo` under two processes (torchrun, gloo, CPU) against one process with the equivalent gradient
+accumulation: same parameters, same reduced metrics, exactly one output.
+
+Why equality is expected (grpo.GRPOTrainerLoop's docstring): a phase's prompts are numbered over all ranks,
+a generation batch is seeded by its first prompt's position (``--batch-size G`` = one prompt per batch, so a
+prompt's rollouts do not depend on the launch), random rewards are keyed by the same positions, one seeded
+shuffle of the global rollout numbering defines every mini-batch, and each rank's loss is normalised by the
+mini-batch's global counts and scaled by the world size before DDP averages. So 2 processes with
+``--prompts-per-rollout P --mini-batch M`` take the optimizer steps of 1 process with ``2P`` and ``2M``; what
+differs is float summation order (micro-batch padding, the all-reduce), hence the tolerance below.
+"""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from conftest import run_cli
+
+TOL = 2e-5          # max |Δθ| between the launches; one AdamW step moves weights by ~lr = 1e-3
+COMMON = ["--data", "gen:arith:8:1", "--steps", "2", "--group-size", "4", "--micro-batch", "2",
+          "--batch-size", "4", "--max-new-tokens", "5", "--lr", "1e-3", "--reward", "random:0.5",
+          "--clip-eps", "0.1", "--loss-agg", "token-mean"]
+
+
+def _weights(d):
+    from safetensors.torch import load_file
+
+    return load_file(str(d / "model.safetensors"))
+
+
+def _metrics(d):
+    return [json.loads(x) for x in (d / "metrics.jsonl").read_text().splitlines()]
+
+
+def test_two_processes_equal_one_process_with_doubled_accumulation(tiny_llama_dir, tmp_path):
+    out2, out1 = tmp_path / "two", tmp_path / "one"
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1",
+           "LLMTOOL_HOME": str(tmp_path / "home")}
+    env.pop("RANK", None), env.pop("WORLD_SIZE", None)
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+           "-m", "llmtool", "--json", "train", "grpo", str(tiny_llama_dir), str(out2), *COMMON,
+           "--prompts-per-rollout", "2", "--mini-batch", "4", "--save-every", "1", "--keep-checkpoints"]
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=300, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    code, _, err = run_cli("train", "grpo", tiny_llama_dir, out1, *COMMON, "--prompts-per-rollout", "4",
+                           "--mini-batch", "8")
+    assert code == 0, err
+
+    # exactly one output: OUT, its checkpoint dir (kept on request) and nothing else (no rank's temp dir)
+    assert sorted(p.name for p in tmp_path.iterdir() if p.name not in ("one", "home")) == ["two", "two.checkpoints"]
+    assert [p.name for p in (tmp_path / "two.checkpoints").iterdir()] == ["checkpoint-1"]
+    assert (out2 / "llmtool.json").is_file() and (out2 / "config.json").is_file()
+    m2, m1 = _metrics(out2), _metrics(out1)
+    assert len(m2) == len(m1) == 4                      # one writer: 2 phases × 2 updates, not twice that
+    prov = json.loads((out2 / "llmtool.json").read_text())
+    assert prov["metrics"]["processes"] == 2
+
+    # the reduced metrics are the 1-process run's (rewards: exactly; losses/ratios: to float rounding)
+    for a, b in zip(m2, m1):
+        for k in ("reward_mean", "reward_std", "zero_std_groups", "response_len", "clip_frac"):
+            assert a.get(k) == b.get(k), (k, a.get(k), b.get(k))
+        for k in ("loss", "ratio_max", "ratio_min", "entropy"):
+            assert a[k] == pytest.approx(b[k], rel=1e-5, abs=1e-6), k
+    assert m2[0]["processes"] == 2 and m1[0]["processes"] == 1
+    assert any(r["clip_frac"] > 0 for r in m1)          # the clamp binds somewhere: clip fractions are compared
+
+    w2, w1, w0 = _weights(out2), _weights(out1), _weights(tiny_llama_dir)
+    moved = max((w1[k] - w0[k]).abs().max().item() for k in w1)
+    diff = max((w1[k] - w2[k]).abs().max().item() for k in w1)
+    assert moved > 50 * TOL                              # the tolerance is far below what training changed
+    assert diff < TOL, diff
+    assert all(torch.isfinite(v).all() for v in w2.values())
