@@ -94,11 +94,11 @@ def table(rows: Sequence[dict], title: str | None = None, columns: Sequence[str]
     columns = list(columns or (rows[0].keys() if rows else []))
     # Long cells (model paths, lists of numbers) fold onto the next line instead of being cut to `gri…`
     # when the table is wider than the terminal, or than rich's 80 columns when stdout is no terminal.
-    t = Table(title=title)
+    t = Table(title=Text(title) if title is not None else None)  # Text: user paths are never markup
     for c in columns:
-        t.add_column(str(c), overflow="fold", no_wrap=False)
+        t.add_column(Text(str(c)), overflow="fold", no_wrap=False)
     for row in rows:
-        t.add_row(*(_fmt(row.get(c, "")) for c in columns))
+        t.add_row(*(Text(_fmt(row.get(c, "")), overflow="fold") for c in columns))
     return t
 
 
