@@ -282,6 +282,170 @@ def test_grad_clip_policies_plug_into_the_loop(tiny_llama_dir, tmp_path):
         GRPOSettings(grad_clip="nope").validate()
 
 
+# ------------------------------------------------------------------------------------ chunked log-probs
+class _AllocTracker:
+    """Every tensor produced inside the block (forward and backward): the largest element count and the
+    peak of live bytes of the storages created there (pre-existing weights excluded)."""
+
+    def __enter__(self):
+        from torch.multiprocessing.reductions import StorageWeakRef
+        from torch.utils._python_dispatch import TorchDispatchMode
+
+        tracker = self
+        self.largest, self.peak, self.live = 0, 0, {}
+
+        class Mode(TorchDispatchMode):
+            def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+                out = func(*args, **(kwargs or {}))
+                for t in torch.utils._pytree.tree_leaves(out):
+                    if isinstance(t, torch.Tensor):
+                        st = t.untyped_storage()
+                        tracker.largest = max(tracker.largest, t.numel())
+                        tracker.live.setdefault(st.data_ptr(), (StorageWeakRef(st), st.nbytes()))
+                tracker.live = {k: v for k, v in tracker.live.items() if not v[0].expired()}
+                tracker.peak = max(tracker.peak, sum(v[1] for v in tracker.live.values()))
+                return out
+
+        self.mode = Mode()
+        self.mode.__enter__()
+        return self
+
+    def __exit__(self, *a):
+        return self.mode.__exit__(*a)
+
+
+def test_chunked_logps_equal_full_and_never_build_the_full_logits():
+    from conftest import build_tiny_llama
+
+    from llmtool.train.grpo import sequence_logps
+
+    V, B, T = 4096, 2, 96
+    m = build_tiny_llama(V, hidden_size=32, intermediate_size=64).train()
+    g = torch.Generator().manual_seed(0)
+    ids = torch.randint(1, V, (B, T), generator=g)
+    att = torch.ones_like(ids)
+    att[1, 70:] = 0
+    res = {}
+    for chunk in (0, 8, None, 1000):
+        m.zero_grad()
+        with _AllocTracker() as tr:
+            o = sequence_logps(m, ids, att, 0.7, with_entropy=True, chunk=chunk)
+            (o["logp"].sum() - 0.3 * o["entropy"].sum()).backward()
+        res[chunk] = (o["logp"].detach(), o["entropy"].detach(), tr,
+                      {n: p.grad.clone() for n, p in m.named_parameters()})
+    lp0, ent0, tr0, g0 = res[0]
+    full = B * (T - 1) * V
+    assert tr0.largest >= full                                # the reference does build [B, T-1, V]
+    for chunk in (8, None, 1000):
+        lp, ent, tr, gr = res[chunk]
+        assert torch.allclose(lp, lp0, rtol=1e-5, atol=2e-5) and torch.allclose(ent, ent0, rtol=1e-5, atol=2e-5)
+        for n in g0:
+            assert torch.allclose(gr[n], g0[n], rtol=1e-4, atol=1e-5), n
+    lp, ent, tr8, _ = res[8]
+    assert tr8.largest < full / 4                             # no [B, T-1, V] tensor exists on the chunked path
+    assert tr8.peak < tr0.peak / 3, (tr8.peak, tr0.peak)      # measured: ~3.4 MB against ~17 MB
+    assert res[1000][2].largest >= full                       # one chunk spanning the sequence is the full size
+
+
+def test_chunked_logps_fall_back_when_the_head_is_not_the_models():
+    """A model whose logits are not ``lm_head(hidden_states[-1])`` (here: a scaled head) is detected by the
+    last-position check and computed on the full path, so the result is still right."""
+    from conftest import build_tiny_llama
+
+    from llmtool.train.grpo import sequence_logps
+
+    m = build_tiny_llama(64)
+    real = m.forward
+
+    def scaled(*a, **k):
+        out = real(*a, **k)
+        out.logits = out.logits * 2.0
+        return out
+
+    m.forward = scaled
+    ids = torch.randint(1, 64, (2, 9))
+    att = torch.ones_like(ids)
+    with torch.no_grad():
+        a = sequence_logps(m, ids, att, chunk=3)["logp"]
+        b = sequence_logps(m, ids, att, chunk=0)["logp"]
+    assert torch.equal(a, b)
+
+
+# ------------------------------------------------------------------------------------ resume without pickle
+def test_trainer_state_round_trip_is_safetensors_and_json(tiny_llama_dir, tmp_path):
+    a = _loop(tiny_llama_dir, reward="random:0.5", steps=1)
+    a.train(progress_desc=None)
+    ck = a.save_checkpoint(tmp_path / "ck")
+    assert sorted(p.name for p in ck.iterdir() if p.name.startswith("trainer_state")) == \
+        ["trainer_state.json", "trainer_state.safetensors"]
+    b = _loop(tiny_llama_dir, reward="random:0.5", steps=2)
+    b.load_checkpoint(ck)
+    sa, sb = a.optimizer.state_dict(), b.optimizer.state_dict()
+    assert sa["param_groups"] == sb["param_groups"] and b.phase == a.phase and b.step == a.step
+    for k in sa["state"]:
+        for name, v in sa["state"][k].items():
+            assert torch.equal(v, sb["state"][k][name]), (k, name)
+    assert b.history == a.history
+    import llmtool.train.grpo as G
+
+    src = open(G.__file__).read()
+    assert "torch.load" not in src and "pickle.load" not in src and "weights_only" not in src
+
+
+class _Payload:
+    def __init__(self, marker):
+        self.marker = marker
+
+    def __reduce__(self):  # creates the marker file if anything ever unpickles it
+        return (open, (str(self.marker), "w"))
+
+
+@pytest.mark.parametrize("with_state", [False, True])
+def test_cli_resume_refuses_a_planted_pickle_without_loading_it(tiny_llama_dir, tmp_path, with_state):
+    import pickle
+    import shutil
+
+    out = tmp_path / "run"
+    ck = tmp_path / "run.checkpoints" / "checkpoint-1"
+    if with_state:   # a genuine checkpoint of this llmtool with a pickle planted beside its state
+        loop = _loop(tiny_llama_dir, reward="random:0.5", steps=1)
+        loop.train(progress_desc=None)
+        loop.save_checkpoint(ck.parent)
+    else:            # the old format: weights + trainer_state.pt
+        ck.mkdir(parents=True)
+        for f in ("config.json", "model.safetensors"):
+            shutil.copy(tiny_llama_dir / f, ck / f)
+    marker = tmp_path / "PWNED"
+    (ck / "trainer_state.pt").write_bytes(pickle.dumps(_Payload(marker)))
+    code, _, err = run_cli(*_grpo_args(tiny_llama_dir, out, "--reward", "random:0.5", "--save-every", "1",
+                                       "--resume"))
+    assert code == 2 and "pickle" in err and "trainer_state.pt" in err
+    assert not marker.exists() and not out.exists()
+
+
+def test_cli_resume_refuses_a_corrupt_state(tiny_llama_dir, tmp_path):
+    loop = _loop(tiny_llama_dir, reward="random:0.5", steps=1)
+    loop.train(progress_desc=None)
+    ck = loop.save_checkpoint(tmp_path / "run.checkpoints")
+    st = ck / "trainer_state.safetensors"
+    st.write_bytes(st.read_bytes()[:-10])
+    code, _, err = run_cli(*_grpo_args(tiny_llama_dir, tmp_path / "run", "--reward", "random:0.5",
+                                       "--save-every", "1", "--resume"))
+    assert code == 2 and "trainer_state.safetensors" in err
+    (ck / "trainer_state.safetensors").unlink()
+    code, _, err = run_cli(*_grpo_args(tiny_llama_dir, tmp_path / "run", "--reward", "random:0.5",
+                                       "--save-every", "1", "--resume"))
+    assert code == 2 and "incomplete checkpoint" in err
+
+
+def test_cli_rollout_endpoint_refuses_a_stale_multi_phase_run(tiny_llama_dir, tmp_path):
+    ep = ("--rollout-endpoint", "http://127.0.0.1:9/v1", "--rollout-model", "m")
+    code, _, err = run_cli(*_grpo_args(tiny_llama_dir, tmp_path / "o", *ep))   # --steps 2
+    assert code == 2 and "initial policy" in err and "--engine trl" in err and not (tmp_path / "o").exists()
+    code, _, err = run_cli(*_grpo_args(tiny_llama_dir, tmp_path / "o", "--allow-stale-rollouts"))
+    assert code == 2 and "only with --rollout-endpoint" in err
+
+
 # ------------------------------------------------------------------------------------ CLI
 def _grpo_args(model, out, *extra):
     return ["train", "grpo", model, out, "--data", "gen:arith:8:1", "--steps", "2", "--group-size", "4",
