@@ -372,8 +372,11 @@ def mix(corpus: Corpus, config: MethodConfig,
            "source": {"corpus": str(corpus), "domains": str(domains) if domains else None,
                       "field": None if domains else field},
            **{k: plain(v) for k, v in res.items() if k != "weights"}}
-    with atomic_file(out, overwrite) as tmp:
-        tmp.write_text(json.dumps(doc, indent=1, allow_nan=False))
+    from llmtool.core import dist
+
+    if dist.is_main():  # one output under a multi-process launch
+        with atomic_file(out, overwrite) as tmp:
+            tmp.write_text(json.dumps(doc, indent=1, allow_nan=False))
     order = np.argsort(-np.asarray(res["weights"]))
     emit({"method": config.name, "domains": data.k, "out": str(out),
           **({"predictability": res["predictability"]} if "predictability" in res else {})},

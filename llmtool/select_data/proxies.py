@@ -4,9 +4,11 @@ NeurIPS 2023, Algorithm 1), RegMix's proxy sweep (Liu et al., ICLR 2025, §3), a
 final mixture draws (§3.8). The weight mathematics (EG update, Dirichlet prior, regression, search) is in
 :mod:`llmtool.select_data.mixing`.
 
-The loops run on ``accelerate`` (``Accelerator`` places the proxy and optimizer; under ``accelerate launch``
-each process draws its own batches and DoReMi's per-domain excess losses are averaged over processes before
-the weight update). They are plain loops rather than the shared transformers ``Trainer`` because DoReMi's
+The loops run on ``accelerate`` (``Accelerator`` places the proxy and optimizer). Under ``accelerate launch``
+or ``torchrun`` with N processes every process draws the same *global* batch from one shared generator
+(N x ``batch_size`` sequences, DoReMi: N x ``per_domain`` per domain) and trains on its own slice; DDP
+averages the gradients and DoReMi's per-domain excess losses are averaged over processes before the weight
+update, so N processes compute what one process computes with an N times larger batch (tested with 2). They are plain loops rather than the shared transformers ``Trainer`` because DoReMi's
 step needs the reference model's per-token losses and a loss reweighted by the weights it has just updated.
 
 Reconstructed choices [ours, stated in the docs]:
@@ -198,14 +200,16 @@ def train_on_mixture(data: DomainData, weights: np.ndarray, s: ProxySettings, *,
     model = new_proxy(data, s, seed)
     opt, sched = _optimizer(model, s, steps)
     model, opt = acc.prepare(model, opt)
-    gen = torch.Generator().manual_seed(seed * 1_000_003 + 17 + acc.process_index)
+    gen = torch.Generator().manual_seed(seed * 1_000_003 + 17)  # shared by all ranks: one global batch
+    world, rank = acc.num_processes, acc.process_index
     probs = torch.tensor(w / w.sum())
     model.train()
     loop = progress(range(steps), desc, total=steps) if progress else range(steps)
     for _ in loop:
-        doms = torch.multinomial(probs, s.batch_size, replacement=True, generator=gen)
+        doms = torch.multinomial(probs, s.batch_size * world, replacement=True, generator=gen)
         counts = torch.bincount(doms, minlength=data.k).tolist()
         x = torch.cat([windows(data.train[d], c, s.context + 1, gen) for d, c in enumerate(counts) if c])
+        x = x[rank * s.batch_size:(rank + 1) * s.batch_size]     # this rank's slice of the global batch
         _update(acc, model, opt, sched, token_losses(model, x.to(acc.device)).mean())
     return acc.unwrap_model(model)
 
@@ -248,11 +252,13 @@ def doremi(data: DomainData, s: ProxySettings, *, ref_weights: np.ndarray, steps
     opt, sched = _optimizer(proxy, s, steps)
     proxy, opt = acc.prepare(proxy, opt)
     ref = ref.to(acc.device)
-    gen = torch.Generator().manual_seed(s.seed * 1_000_003 + 29 + acc.process_index)
+    gen = torch.Generator().manual_seed(s.seed * 1_000_003 + 29)  # shared by all ranks: one global batch
+    world, rank = acc.num_processes, acc.process_index
     state: dict = {}
 
     def excess(t: int, alpha: np.ndarray) -> np.ndarray:
-        x = torch.cat([windows(data.train[d], per_domain, s.context + 1, gen) for d in range(data.k)]).to(acc.device)
+        x = torch.stack([windows(data.train[d], per_domain * world, s.context + 1, gen) for d in range(data.k)])
+        x = x[:, rank * per_domain:(rank + 1) * per_domain].reshape(-1, s.context + 1).to(acc.device)
         with torch.no_grad():
             l_ref = token_losses(ref, x)
         l_theta = token_losses(proxy, x)
