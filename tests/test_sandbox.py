@@ -1,4 +1,6 @@
-"""Tests for llmtool.core.sandbox: hostile programs blocked, call_many semantics, layers on their own."""
+"""Tests for llmtool.core.sandbox: hostile programs blocked (with and without the audit hook, each kernel
+layer on its own), refusal without a kernel layer, the result channel and harness sentinel, call_many
+semantics."""
 
 from __future__ import annotations
 
@@ -9,10 +11,33 @@ import time
 
 import pytest
 
-from llmtool.core.sandbox import SandboxLimits, call_many, run_python, sandbox_available
-from llmtool.learn_program.hostile import FILE_SECRET, PROGRAMS, run_hostile_suite
+from llmtool.core.console import UsageError
+from llmtool.core.sandbox import (DISABLE_ENV, SandboxLimits, active_layers, call_many, run_python,
+                                  sandbox_available)
+from llmtool.learn_program.hostile import FILE_SECRET, KERNEL_FILE_ATTACKS, PROGRAMS, run_hostile_suite
 
 linux_only = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="rlimits/seccomp are Linux-only")
+
+
+def _layers(disable: str = "") -> dict:
+    import os
+
+    old = os.environ.get(DISABLE_ENV)
+    os.environ[DISABLE_ENV] = disable
+    try:
+        return active_layers()
+    except UsageError:
+        return {}
+    finally:
+        if old is None:
+            os.environ.pop(DISABLE_ENV, None)
+        else:
+            os.environ[DISABLE_ENV] = old
+
+
+# every test here runs generated code, which the sandbox refuses without a kernel containment layer
+pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux") or not _layers(),
+                                reason="no kernel containment layer (Landlock or user+mount namespaces) here")
 
 
 @linux_only
@@ -29,10 +54,146 @@ def test_every_hostile_program_is_blocked(tmp_path):
     assert by["write_outside"]["violation"].startswith("blocked: open for writing outside")
     for name in ("os_system", "subprocess", "socket", "fork", "ctypes"):
         assert by[name]["returncode"] != 0 and by[name]["violation"], name
+    # issue 39 classes: tampering with the hook is contained by the kernel (the hook itself was defeated
+    # or not, nothing happened outside), forged results and early exits never complete the harness
+    for name in ("result_forgery", "early_sys_exit", "early_os_exit", "always_equal", "patch_builtins"):
+        assert not by[name]["completed"], name
+    assert by["disk_fill"]["returncode"] == 0 and by["inode_fill"]["returncode"] == 0   # ran, cap held
+    lay = by["write_outside"]["layers"]
+    assert lay["landlock"] >= 1 or lay["mountns"]
     # nothing outside the sandbox dir was touched: only the planted file exists in each outside dir
     for d in tmp_path.iterdir():
+        if d.name in ("secret", "canary"):
+            continue
         assert sorted(p.name for p in d.iterdir()) == ["keep.txt"], d
         assert (d / "keep.txt").read_text() == FILE_SECRET
+    assert (tmp_path / "secret" / "credentials.txt").read_text() == FILE_SECRET
+    assert sorted(str(p.relative_to(tmp_path)) for p in (tmp_path / "canary").rglob("*")) == ["canary/sub",
+                                                                                           "canary/sub/a.txt"]
+
+
+def _assert_contained(records, names):
+    assert [r["name"] for r in records] == list(names)
+    escaped = [(r["name"], r["escape"]) for r in records if not r["blocked"]]
+    assert escaped == []
+
+
+@linux_only
+def test_kernel_layers_alone_contain_the_file_attacks(tmp_path):
+    """Audit hook DISABLED: Landlock + the mount namespace contain every file attack on their own."""
+    lay = _layers()
+    if not (lay.get("landlock") and lay.get("mountns")):
+        pytest.skip("needs both Landlock and user+mount namespaces")
+    records = run_hostile_suite(tmp_path, list(KERNEL_FILE_ATTACKS), audit_hook=False)
+    _assert_contained(records, KERNEL_FILE_ATTACKS)
+    assert all(r["violation"] is None for r in records if r["name"] != "disk_fill")   # no hook markers
+    assert all(not r["layers"]["audit_hook"] and r["layers"]["landlock"] for r in records)
+
+
+@linux_only
+def test_landlock_alone_contains_the_file_attacks(tmp_path, monkeypatch):
+    """No namespaces, no audit hook: Landlock by itself (stat probing is the documented residue)."""
+    if not _layers("userns").get("landlock"):
+        pytest.skip("Landlock unavailable")
+    monkeypatch.setenv(DISABLE_ENV, "userns")
+    names = [n for n in KERNEL_FILE_ATTACKS if n != "stat_probe"]
+    records = run_hostile_suite(tmp_path, names, audit_hook=False)
+    for r in records:   # the residue without a mount namespace: the tamper programs' own stat probe
+        if r["escape"] and all(e.endswith(" stat") for e in r["escape"].split("; ")):
+            r["blocked"], r["escape"] = True, None
+    _assert_contained(records, names)
+    lay = records[0]["layers"]
+    assert lay["landlock"] >= 1 and not lay["mountns"] and lay["disk_cap"].startswith("no new files")
+
+
+@linux_only
+def test_mount_namespace_alone_contains_the_file_attacks(tmp_path, monkeypatch):
+    """No Landlock, no audit hook: the user+mount namespace's minimal root by itself."""
+    if not _layers("landlock").get("mountns"):
+        pytest.skip("user+mount namespaces unavailable")
+    monkeypatch.setenv(DISABLE_ENV, "landlock")
+    records = run_hostile_suite(tmp_path, list(KERNEL_FILE_ATTACKS), audit_hook=False)
+    _assert_contained(records, KERNEL_FILE_ATTACKS)
+    lay = records[0]["layers"]
+    assert lay["landlock"] == 0 and lay["mountns"] and lay["netns"]
+
+
+@linux_only
+def test_without_a_kernel_layer_running_refuses(tmp_path, monkeypatch):
+    monkeypatch.setenv(DISABLE_ENV, "landlock,userns")
+    marker = tmp_path / "ran.txt"
+    code = f"open({str(marker)!r}, 'w').write('x')\ndef f(x):\n    return x\n"
+    with pytest.raises(UsageError) as e:
+        run_python(code, _audit_hook=False)
+    msg = str(e.value)
+    assert "Landlock" in msg and "namespaces" in msg and "--sandbox-cmd" in msg and "\n" not in msg
+    with pytest.raises(UsageError):
+        call_many(code, "f", [[1]])
+    with pytest.raises(UsageError):
+        run_hostile_suite(tmp_path / "suite", ["write_outside"])
+    assert not marker.exists()                       # refused before any generated code ran
+    # the way out: an outer wrapper (here a no-op one) makes the run proceed, reported as such
+    env = shutil.which("env")
+    res = run_python("print(6 * 7)", wrapper=[env])
+    assert res.stdout.strip() == "42" and res.layers["wrapper"] and not res.layers["landlock"]
+
+
+@linux_only
+def test_landlock_ruleset_is_enforced_by_the_kernel(tmp_path):
+    """The Landlock module on its own, in a plain subprocess: reads and writes outside the granted dir fail."""
+    from llmtool.core import landlock
+
+    if landlock.abi_version() < 1:
+        pytest.skip("Landlock unavailable")
+    inside, outside = tmp_path / "in", tmp_path / "out"
+    inside.mkdir()
+    outside.mkdir()
+    (outside / "s.txt").write_text("secret")
+    import os
+
+    stdlib = os.path.dirname(os.__file__)
+    prog = f"""
+import os, sys
+sys.path.insert(0, {str(__import__("pathlib").Path(landlock.__file__).parent)!r})
+import landlock as L
+abi = L.restrict([({stdlib!r}, L.READ_RIGHTS), ({str(inside)!r}, -1)])
+open({str(inside / "w.txt")!r}, "w").write("ok")
+for what, fn in (("read", lambda: open({str(outside / "s.txt")!r}).read()),
+                 ("write", lambda: open({str(outside / "n.txt")!r}, "w")),
+                 ("link", lambda: os.link({str(outside / "s.txt")!r}, {str(inside / "l")!r})),
+                 ("rename", lambda: os.rename({str(inside / "w.txt")!r}, {str(outside / "m.txt")!r}))):
+    try:
+        fn(); print(what, "ALLOWED")
+    except OSError as e:
+        print(what, e.errno)
+print("abi", abi)
+"""
+    out = subprocess.run([sys.executable, "-I", "-S", "-c", prog], capture_output=True, text=True, timeout=60)
+    lines = dict(line.split(" ", 1) for line in out.stdout.split("\n") if line)
+    assert lines["read"] == "13" and lines["write"] == "13" and lines["abi"] == str(landlock.abi_version()), out
+    assert lines["link"] in ("13", "18") and lines["rename"] in ("13", "18"), out    # EACCES or EXDEV
+    assert (inside / "w.txt").read_text() == "ok" and sorted(p.name for p in outside.iterdir()) == ["s.txt"]
+
+
+@linux_only
+def test_total_bytes_cap_holds_against_six_files_near_the_file_cap():
+    lay = _layers()
+    code = (
+        "import os\nstopped = []\n"
+        "for i in range(6):\n"
+        "    try:\n"
+        "        with open('f%d' % i, 'wb') as f:\n"
+        "            f.write(b'x' * (2 * 1024 * 1024 - 4096))\n"
+        "    except OSError as e:\n"
+        "        stopped.append(e.errno)\n"
+        "print(sum(os.path.getsize(n) for n in os.listdir('.')), stopped)\n"
+    )
+    res = run_python(code, limits=SandboxLimits(file_size_mb=2, disk_mb=5))
+    total, stopped = res.stdout.split(" ", 1)
+    assert int(total) <= 5 * 1024 * 1024, res
+    assert stopped.strip() != "[]"                   # the kernel said no (ENOSPC with tmpfs, EACCES without)
+    if lay.get("mountns"):
+        assert int(total) > 4 * 1024 * 1024 and "28" in stopped   # filled up to the cap, then ENOSPC
 
 
 @linux_only
@@ -57,7 +218,7 @@ t = threading.Thread(target=lambda: out.append(41 + 1)); t.start(); t.join()
 print("thread", out[0])
 """
     try:
-        res = run_python(code, _audit_hook=False)
+        res = run_python(code, limits=SandboxLimits(allow_threads=True), _audit_hook=False)
         assert victim.poll() is None
     finally:
         victim.kill()
@@ -66,12 +227,13 @@ print("thread", out[0])
     assert lines == {"fork": "errno 1", "socket": "errno 1", "exec": "errno 1", "kill": "errno 1", "thread": "42"}, res
 
 
-def test_threads_allowed_or_not():
+def test_threads_denied_by_default_allowed_on_request():
     code = "import threading\nr=[]\nt=threading.Thread(target=lambda: r.append(1)); t.start(); t.join(); print(r)"
-    assert run_python(code).stdout.strip() == "[1]"
-    if sandbox_available()["seccomp"]:
-        res = run_python(code, limits=SandboxLimits(allow_threads=False))
-        assert res.returncode != 0 and "[1]" not in res.stdout
+    assert SandboxLimits().allow_threads is False
+    res = run_python(code)
+    assert res.returncode != 0 and "[1]" not in res.stdout and not res.layers["threads"]
+    res = run_python(code, limits=SandboxLimits(allow_threads=True))
+    assert res.stdout.strip() == "[1]" and res.layers["threads"]
 
 
 def test_run_python_stdin_files_and_cwd_cleanup():
@@ -162,3 +324,81 @@ def test_bwrap_wrapper(tmp_path):
     assert res.stdout.strip() == "1"
     rec = run_hostile_suite(tmp_path, ["write_outside", "os_system"], wrapper=wrapper)
     assert all(r["blocked"] for r in rec)
+
+
+_FORGE = (
+    "import os, json\n"
+    "for fd in range(1, 40):\n"
+    "    for rec in (dict(i=0, ok=True, value=999), dict(t='0' * 32, i=1, ok=True, value=999), dict(done=True)):\n"
+    "        try:\n"
+    "            os.write(fd, (json.dumps(rec) + '\\n').encode())\n"
+    "        except OSError:\n"
+    "            pass\n"
+)
+
+
+def test_call_many_result_channel_cannot_be_forged():
+    # forged records on every fd (stdout, stderr, the result pipe): ignored, the real return values count
+    res = call_many(_FORGE + "def f(x):\n    print(json.dumps(dict(i=x, ok=True, value=999)))\n    return x\n",
+                    "f", [[0], [1], [2]])
+    assert [(r.ok, r.value) for r in res] == [(True, 0), (True, 1), (True, 2)]
+    # forged records, then an exit before any input ran: every input fails
+    res = call_many(_FORGE + "os._exit(0)\ndef f(x):\n    return x\n", "f", [[0], [1]])
+    assert all(not r.ok for r in res)
+    assert all(r.layers and "landlock" in r.layers for r in res)
+
+
+def test_call_many_any_violation_fails_every_input():
+    code = ("def f(x):\n    if x == 0:\n        try:\n            open('/etc/hostname')\n"
+            "        except OSError:\n            pass\n    return x * 2\n")
+    res = call_many(code, "f", [[0], [1], [2]])
+    assert all(not r.ok and "violation" in r.error for r in res), res
+    assert [r.value for r in call_many("def f(x):\n    return x * 2\n", "f", [[0], [1]])] == [0, 2]
+
+
+_CHECK = {"code": "def check(candidate):\n    assert abs(candidate(1) - 2) < 1e-9\n    assert candidate(2) == 4\n",
+          "call": "check", "target": "f"}
+
+
+@pytest.mark.parametrize("program,passes", [
+    ("def f(x):\n    return 2 * x\n", True),
+    ("def f(x):\n    return 2 * x\nprint('noise')\n", True),
+    ("def f(x):\n    return x\n", False),                                      # wrong: check raises
+    ("import sys\ndef f(x):\n    return x\nsys.exit(0)\n", False),             # exit before check
+    ("import os\ndef f(x):\n    return x\nos._exit(0)\n", False),              # hard exit before check
+    ("import sys\ndef f(x):\n    sys.exit(0)\n", False),                       # exit inside check
+    ("import os\ndef f(x):\n    os._exit(0)\n", False),
+    ("class E:\n    def __eq__(self, o):\n        return True\n    def __sub__(self, o):\n        return 0\n"
+     "def f(x):\n    return E()\n", False),                                    # always-equal object
+    ("class I(int):\n    def __eq__(self, o):\n        return True\ndef f(x):\n    return I(0)\n", False),
+    ("import builtins\nbuiltins.abs = lambda v: 0\ndef f(x):\n    return 4\n", False),   # patched builtin
+    ("abs = lambda v: 0\ndef f(x):\n    return 4\n", False),                  # shadowed builtin
+    (_FORGE + "def f(x):\n    return x\nos._exit(0)\n", False),                # forged sentinels, then exit
+    ("def f(x):\n    try:\n        open('/etc/hostname')\n    except OSError:\n        pass\n    return 2 * x\n",
+     False),                                                                   # violation marker
+])
+def test_harness_sentinel_is_the_only_pass(program, passes):
+    res = run_python(program, harness=_CHECK)
+    assert res.completed is passes, res
+
+
+def test_completed_means_the_program_ran_to_its_end():
+    assert run_python("print(1)").completed
+    res = run_python("import sys\nprint(1)\nsys.exit(0)\n")
+    assert res.returncode == 0 and not res.completed          # exit status 0, but it did not reach its end
+    res = run_python(_FORGE + "print('done')\nos._exit(0)\n")
+    assert res.returncode == 0 and not res.completed
+
+
+def test_layers_are_reported_and_printed():
+    lay = active_layers()
+    for key in ("landlock", "userns", "mountns", "netns", "seccomp", "audit_hook", "threads", "disk_cap",
+                "wrapper"):
+        assert key in lay
+    assert run_python("pass").layers == lay
+    from llmtool.core import landlock
+
+    assert lay["landlock"] == (landlock.abi_version() if lay["landlock"] else 0)
+    out = subprocess.run([sys.executable, "-m", "llmtool.core.sandbox"], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0 and "| Landlock |" in out.stdout, out
+    assert ("ABI %d" % lay["landlock"] if lay["landlock"] else "| Landlock | no |") in out.stdout

@@ -1,54 +1,72 @@
-"""Run untrusted (model-generated) Python in a separate, restricted process.
+"""Run untrusted (model-generated) Python in a separate process whose containment the kernel enforces.
 
-Shared by every area that executes generated code (``learn-program``, agent and code-scoring tasks).
-Generated code never runs in the parent interpreter.
+Shared by every area that executes generated code (``learn-program``, route's code and HumanEval scoring,
+bench-agent's ``os-sandbox`` env and ``python_execute`` tool). Generated code never runs in the parent
+interpreter. Threat model, per-layer guarantees and what is *not* isolated: ``docs/security.md``; the
+layers active on this machine: ``python -m llmtool.core.sandbox``.
 
-Layers (defence in depth, not a guarantee -- wrap with ``wrapper=["bwrap", ...]`` for hostile input at
-scale):
+Layers, in the order the child applies them (all before any untrusted code runs):
 
-1. A fresh ``python -I -S`` child (isolated mode, no site-packages, no user site), started with an empty
-   environment in its own session (process group) and its own temporary working directory, which is
-   deleted afterwards. Optional ``files`` are written into that directory first.
-2. A bootstrap (run inside the child, before any untrusted code) that
-   a. sets rlimits: CPU seconds (soft; hard = soft + 1), address space, file size, open files, no core
-      files. RLIMIT_NPROC is deliberately *not* relied upon: it does not stop ``fork`` for root, and for
-      non-root users it would also stop threads;
-   b. installs a seccomp deny-list through PyPI ``pyseccomp`` when it is importable (the parent checks;
-      if it was expected and fails in the child, the child refuses to run the code). Denied with EPERM:
-      fork/vfork, any ``clone`` without ``CLONE_THREAD`` (so threads still work; with
-      ``allow_threads=False`` every clone), execve/execveat, sockets, ptrace and process_vm_*, kill and
-      signals to other processes, setrlimit and prlimit64 with a new limit, namespaces/mount/module/
-      keyring/bpf/perf/io_uring/userfaultfd and identity changes. ``clone3`` is denied with ENOSYS so
-      glibc falls back to ``clone`` (which the CLONE_THREAD rule can inspect; clone3 takes a struct
-      pointer that seccomp cannot read). Only the native architecture is allowed (libseccomp's default
-      bad-arch action kills), which closes the 32-bit syscall-table bypass;
-   c. installs a ``sys.addaudithook`` guard (cannot be removed once installed) that raises
-      ``PermissionError`` for: ``open`` for writing outside the temp dir (symlinks resolved by the hook's
-      own resolver), reads outside the temp dir and the standard library, opening a directory outside
-      the temp dir (closes ``dir_fd`` tricks), remove/rename/chmod/mkdir/... outside the temp dir or with a
-      ``dir_fd``, ``os.system``, ``os.exec*``, ``os.spawn*``, ``os.posix_spawn``, ``os.fork``,
-      ``subprocess.Popen``, ``socket.*``, ``ctypes.*``, ``os.kill``, ``resource.setrlimit``,
-      ``gc.get_objects``/``get_referrers``/``get_referents`` (finding the hook) and rebinding a function's
-      ``__code__``/``__defaults__``; and ``import`` of ctypes, socket, subprocess, multiprocessing, ssl,
-      pty, asyncio. Everything the hook needs is bound as default arguments (immutable once bound, since
-      rebinding ``__defaults__`` is itself audited), so monkeypatching ``os``/``builtins`` does not
-      disable it. Each blocked event is reported to the parent by a marker line on stderr.
-3. The parent enforces a wall-clock limit by killing the whole process group, caps captured stdout and
-   stderr (the child is killed once a cap is exceeded) and treats crashes as failures.
+1. A fresh ``python -I -S`` child (isolated mode, no site-packages) with an empty environment, in its own
+   session, stdin ``/dev/null``, rlimits (CPU seconds soft/hard, address space, file size, open files,
+   no core files). RLIMIT_NPROC is not relied upon (it does not stop ``fork`` for root).
+2. **User + mount + network + IPC + UTS namespaces** (:mod:`llmtool.core.mountns`) where the kernel
+   allows unprivileged user namespaces: the child ``pivot_root``\\ s into a minimal tree holding only the
+   stdlib and system library dirs (read-only), ``/dev/null`` and ``/dev/urandom``, and its working dir,
+   which is a fresh **size-limited tmpfs** (``disk_mb``, ``max_files``): the total bytes it can write are
+   capped by the kernel, ``stat`` probes of any outside path see nothing, and there is no network.
+3. **Landlock** (:mod:`llmtool.core.landlock`, ABI 1-7): every file-system right the ABI knows is denied
+   except read on the stdlib/library dirs and the device files and full access below the working dir;
+   TCP bind/connect denied (ABI >= 4); abstract unix sockets and signals scoped (ABI >= 6);
+   ``PR_SET_NO_NEW_PRIVS``. Race-free (the kernel checks at resolution time: rename/symlink races and hard
+   links cannot reach outside). Without a mount namespace the working dir is the host temp dir and the
+   child may *not create* files in it (only the ``files`` written for it), so the bytes are still bounded
+   by the kernel (``files`` x ``file_size_mb``).
+4. **seccomp** (PyPI ``pyseccomp``, when importable) deny-list: fork/vfork, any ``clone`` (threads only
+   with ``allow_threads=True``: then ``clone`` without ``CLONE_THREAD``), execve/execveat, sockets,
+   ptrace/process_vm_*, kill/tgkill to others, setrlimit/prlimit64, mount/unshare/setns/pivot_root/bpf/
+   io_uring/keyring/module/identity calls, and file metadata changes (chmod/chown/utime/xattr families,
+   which Landlock does not cover); ``clone3`` returns ENOSYS (glibc falls back to ``clone``); only
+   the native architecture (libseccomp's bad-arch action kills).
+5. A ``sys.addaudithook`` guard, **defence in depth only** (PEP 578: audit hooks are not a security
+   boundary; a candidate can reach the hook's state through frames): path checks for open/remove/rename/...,
+   blocks os.system/exec/spawn/fork/subprocess/socket/ctypes/gc traversal/thread start (unless allowed) and
+   imports of ctypes, socket, subprocess, multiprocessing, .... Each blocked event writes a marker line to
+   stderr, and any marker fails the whole run.
+
+**Refuse, never degrade**: when neither Landlock nor a mount namespace can be applied (old kernel, both
+disabled), the child reports the missing layers and exits before running anything, and the parent raises
+:class:`~llmtool.core.console.UsageError` naming the way out: an outer container/bwrap ``wrapper``
+(``--sandbox-cmd`` of learn-program, or ``LLMTOOL_SANDBOX_CMD`` for every command), under which the run
+proceeds with whatever layers the wrapper leaves. ``LLMTOOL_SANDBOX_DISABLE=landlock,userns`` simulates
+missing layers (tests, docs).
+
+**Result channel**: results never travel on the candidate's stdout. The parent passes a dedicated pipe fd;
+every record on it carries a per-run random token; the first record reports the layers the child got
+(``SandboxResult.layers``, ``CallResult.layers``). ``run_python`` sets ``completed`` only from a sentinel
+the bootstrap writes *after* the program -- and, with ``harness=``, the test harness (e.g. HumanEval's
+``check``) -- returned; ``sys.exit``/``os._exit`` before that, forged stdout lines and any violation
+marker leave it false. ``call_many`` scores nothing: it returns JSON values, and callers compare them with
+expected values in the parent. The per-run token stops forged lines on inherited fds; a candidate that
+deliberately introspects the bootstrap's frames can still read it (same process): ``docs/security.md``.
 
 ``call_many`` defines the code once and calls one function on many inputs in the same process (one
-process per candidate, not per input), streaming one JSON line per result so that a timeout or crash
-keeps the results already produced and marks only the remaining inputs as failed.
+process per candidate, not per input), streaming one record per result so that a timeout or crash keeps
+the results already produced and marks only the remaining inputs as failed.
 
-Reconstructed choices (ours): reads outside the temp dir and the stdlib are blocked too (stricter than
-the spec, stops reading secrets); ``TMPDIR``/``HOME`` are pointed at the temp dir inside the child;
-``stdin`` is delivered as a string (``sys.stdin`` is a ``StringIO``), the real fd 0 is ``/dev/null``.
+Reconstructed choices (ours): reads outside the working dir and the stdlib/system-library dirs are denied
+too (stops reading secrets); ``TMPDIR``/``HOME`` point at the working dir; ``stdin`` is delivered as a
+string (``sys.stdin`` is a ``StringIO``); the HumanEval harness runs with a snapshot of the builtins taken
+before the candidate ran, and the function under test must return plain data (exact builtin types: an
+``__eq__``-always-true object fails).
 """
 
 from __future__ import annotations
 
 import json
 import os
+import secrets
+import shlex
 import shutil
 import signal
 import subprocess
@@ -56,7 +74,7 @@ import sys
 import tempfile
 import threading
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from functools import lru_cache
 
 __all__ = [
@@ -66,10 +84,14 @@ __all__ = [
     "run_python",
     "call_many",
     "sandbox_available",
+    "active_layers",
     "VIOLATION_MARKER",
 ]
 
 VIOLATION_MARKER = "@@LLMTOOL-SANDBOX-VIOLATION@@"
+DISABLE_ENV = "LLMTOOL_SANDBOX_DISABLE"   # comma list of "landlock", "userns" (simulate missing layers)
+WRAPPER_ENV = "LLMTOOL_SANDBOX_CMD"       # default outer wrapper command for every command
+_REFUSED_RC = 122
 
 
 @dataclass(frozen=True)
@@ -80,7 +102,9 @@ class SandboxLimits:
     file_size_mb: int = 16
     open_files: int = 64
     output_bytes: int = 1_000_000
-    allow_threads: bool = True
+    allow_threads: bool = False
+    disk_mb: int = 32          # total bytes the child may hold in its working dir (tmpfs size)
+    max_files: int = 256       # inodes of that tmpfs
 
 
 @dataclass
@@ -91,6 +115,8 @@ class SandboxResult:
     timed_out: bool
     seconds: float
     violation: str | None
+    completed: bool = False    # the sentinel after the program (and harness) returned reached the parent
+    layers: dict = field(default_factory=dict)
 
 
 @dataclass
@@ -98,18 +124,25 @@ class CallResult:
     ok: bool
     value: object = None
     error: str | None = None
+    layers: dict | None = None
 
 
 # --------------------------------------------------------------------------------------------------
 # The bootstrap executed by the child interpreter (``python -I -S -c BOOTSTRAP``). It reads one JSON
-# payload from stdin, locks itself down, then runs the untrusted code.
+# payload from stdin, locks itself down (namespaces, Landlock, seccomp, audit hook), then runs the
+# untrusted code. Nothing untrusted runs before the last lock is in place.
 # --------------------------------------------------------------------------------------------------
 _BOOTSTRAP = r'''
-import sys, os, json, io, resource, stat, traceback, linecache
+import sys, os, json, io, resource, stat, traceback, linecache, builtins
 def _boot():
     P = json.loads(sys.stdin.buffer.read().decode("utf-8"))
-    tmp = P["tmp"]
-    os.chdir(tmp)
+    tmp, rfd = P["tmp"], P["rfd"]
+    _tok, _dumps, _oswrite = P.pop("token"), json.dumps, os.write
+    def emit(rec, _tok=_tok, _dumps=_dumps, _w=_oswrite, _rfd=rfd):
+        rec["t"] = _tok
+        b = (_dumps(rec) + "\n").encode("utf-8")
+        while b:
+            b = b[_w(_rfd, b):]
     nul = os.open(os.devnull, os.O_RDONLY); os.dup2(nul, 0); os.close(nul)
     for k in list(os.environ):
         del os.environ[k]
@@ -123,18 +156,16 @@ def _boot():
             pass
     cpu = max(1, int(-(-L["cpu_seconds"] // 1)))
     lim(resource.RLIMIT_CPU, cpu, cpu + 1)
-    lim(resource.RLIMIT_AS, int(L["memory_mb"]) * MB)
     lim(resource.RLIMIT_FSIZE, int(L["file_size_mb"]) * MB)
-    lim(resource.RLIMIT_NOFILE, int(L["open_files"]))
     lim(resource.RLIMIT_CORE, 0)
-    mode = P["mode"]
-    rfd = None
-    if mode == "call":
-        rfd = os.dup(1)
-        os.dup2(2, 1)
+    layers = {"userns": False, "mountns": False, "netns": False, "landlock": 0, "seccomp": False,
+              "audit_hook": bool(P["hook"]), "threads": bool(L["allow_threads"]), "disk_cap": None,
+              "wrapper": bool(P["wrapped"])}
+    why = []
+    S = None
+    import ctypes, ctypes.util
     if P["seccomp"]:
         try:
-            import ctypes.util
             libs = P["libs"]
             ctypes.util.find_library = lambda n, _l=libs: _l.get(n)
             sys.path.insert(0, P["seccomp_dir"])
@@ -142,6 +173,64 @@ def _boot():
                 import pyseccomp as S
             finally:
                 del sys.path[0]
+        except BaseException as e:
+            os.write(2, ("sandbox: seccomp setup failed: %r\n" % (e,)).encode())
+            os._exit(121)
+    ro = []
+    for p in [os.path.dirname(os.__file__)] + list(sys.path) + P["sys_ro"]:
+        if p and os.path.isdir(p):
+            p = p if os.path.islink(p) else os.path.realpath(p)
+            if p not in ro and not any(p.startswith(q.rstrip("/") + "/") for q in ro):
+                ro.append(p)
+    stdlib = [p for p in ro if p not in P["sys_ro"]]
+    ro_files = [f for f in P["read_files"] if os.path.exists(f)]
+    disk_kb = int(L["disk_mb"]) * 1024 + sum(-(-len(v.encode("utf-8")) // 4096) * 4 for v in P["files"].values())
+    inodes = int(L["max_files"]) + len(P["files"]) + 16
+    g = {}
+    if "userns" not in P["disable"] and P.get("root"):
+        try:
+            exec(compile(P["mountns_src"], "llmtool/core/mountns.py", "exec"), g)
+            g["enter"](P["root"], tmp, ro, ro_files, disk_kb, inodes)
+            layers.update(userns=True, mountns=True, netns=True, disk_cap="tmpfs %d MB, %d files" % (
+                L["disk_mb"], L["max_files"]))
+        except BaseException as e:
+            why.append("user/mount namespaces: %s" % (e,))
+            if os.getcwd() != tmp:
+                try:
+                    os.chdir(tmp)
+                except OSError:
+                    pass
+    else:
+        why.append("user/mount namespaces: disabled" if "userns" in P["disable"] else "no root dir")
+    for name, content in P["files"].items():
+        target = os.path.join(tmp, name)
+        os.makedirs(os.path.dirname(target), exist_ok=True)
+        with open(target, "w", encoding="utf-8") as fh:
+            fh.write(content)
+    if "landlock" not in P["disable"]:
+        try:
+            g = {}
+            exec(compile(P["landlock_src"], "llmtool/core/landlock.py", "exec"), g)
+            R = g["READ_RIGHTS"] | g["EXECUTE"]
+            work = -1 & ~(g["MAKE_CHAR"] | g["MAKE_BLOCK"] | g["IOCTL_DEV"])
+            if not layers["mountns"]:
+                # no kernel byte cap on the host temp dir: no new files, only the ones written above
+                work = g["READ_RIGHTS"] | g["WRITE_FILE"] | g["TRUNCATE"]
+                layers["disk_cap"] = "no new files (RLIMIT_FSIZE per file)"
+            rules = [(p, R) for p in ro] + [(f, g["READ_FILE"]) for f in ro_files] + [(tmp, work)]
+            layers["landlock"] = g["restrict"](rules)
+        except BaseException as e:
+            why.append("Landlock: %s" % (e,))
+    else:
+        why.append("Landlock: disabled")
+    del g
+    if not (layers["landlock"] or layers["mountns"]) and not P["wrapped"]:
+        emit({"layers": layers, "refused": "; ".join(why)})
+        os._exit(%(refused_rc)d)
+    lim(resource.RLIMIT_AS, int(L["memory_mb"]) * MB)
+    lim(resource.RLIMIT_NOFILE, int(L["open_files"]))
+    if S is not None:
+        try:
             EPERM, ENOSYS = 1, 38
             f = S.SyscallFilter(S.ALLOW)
             for name in P["deny"]:
@@ -157,34 +246,48 @@ def _boot():
             f.add_rule(S.ERRNO(EPERM), "prlimit64", S.Arg(2, S.NE, 0))
             f.add_rule(S.ERRNO(EPERM), "tgkill", S.Arg(0, S.NE, os.getpid()))
             f.load()
-            del f, S
+            del f
+            layers["seccomp"] = True
         except BaseException as e:
             os.write(2, ("sandbox: seccomp setup failed: %r\n" % (e,)).encode())
             os._exit(121)
-        for m in [m for m in sys.modules if m.split(".")[0] in ("ctypes", "_ctypes", "pyseccomp")]:
-            del sys.modules[m]
-    ro = [os.path.realpath(os.path.dirname(os.__file__))]
+        del S
+    for m in [m for m in sys.modules if m.split(".")[0] in ("ctypes", "_ctypes", "pyseccomp")]:
+        del sys.modules[m]
+    emit({"layers": layers})
     sys.path.append(tmp)
-    if P.get("hook", True):
-        _install_hook(tmp, tuple(ro), tuple(P["read_files"]))
+    B = dict(vars(builtins))
+    if P["hook"]:
+        _install_hook(tmp, tuple(stdlib), tuple(ro_files), bool(L["allow_threads"]))
     del P["limits"]
     code = P["code"]
     linecache.cache["<candidate>"] = (len(code), None, code.splitlines(True), "<candidate>")
+    mode = P["mode"]
     if mode == "run":
         sys.stdin = io.StringIO(P["stdin"])
+        H = P.get("harness")
         ns = {"__name__": "__main__", "__builtins__": __builtins__}
         del P
         try:
             exec(compile(code, "<candidate>", "exec"), ns)
+            if H:
+                target = ns.get(H["target"])
+                if not callable(target):
+                    raise NameError("function %r is not defined" % (H["target"],))
+                hns = {k: v for k, v in ns.items() if k not in B}
+                hns["__builtins__"] = dict(B)
+                hns["__name__"] = "__main__"
+                exec(compile(H["code"], "<harness>", "exec"), hns)
+                hns[H["call"]](_plain(target))
+            sys.stdout.flush()
         except SystemExit:
             raise
         except BaseException:
             traceback.print_exc()
             sys.stderr.flush()
             os._exit(1)
+        emit({"done": True})
         return
-    out = os.fdopen(rfd, "w", buffering=1, encoding="utf-8")
-    dumps = json.dumps
     func, inputs = P["func"], P["inputs"]
     del P
     def err(e):
@@ -197,23 +300,49 @@ def _boot():
         if not callable(fn):
             raise NameError("function %r is not defined" % (func,))
     except BaseException as e:
-        out.write(dumps({"fatal": err(e)}) + "\n")
-        out.flush()
+        emit({"fatal": err(e)})
         os._exit(0)
     for i, args in enumerate(inputs):
         try:
             v = fn(*args) if isinstance(args, list) else fn(args)
             try:
-                s = dumps({"i": i, "ok": True, "value": v})
+                rec = {"i": i, "ok": True, "value": v}
+                _dumps(rec)
             except BaseException:
-                s = dumps({"i": i, "ok": False, "error": "unserialisable return value of type %s" % type(v).__name__})
+                rec = {"i": i, "ok": False, "error": "unserialisable return value of type %s" % type(v).__name__}
         except BaseException as e:
-            s = dumps({"i": i, "ok": False, "error": err(e)})
-        out.write(s + "\n")
-    out.flush()
+            rec = {"i": i, "ok": False, "error": err(e)}
+        emit(rec)
+    emit({"done": True})
+    sys.stdout.flush()
     os._exit(0)
 
-def _install_hook(tmp, ro, read_files):
+def _plain(fn, _type=type, _len=len, _TE=TypeError, _dget=dict.__getitem__, _dict=dict,
+           _ok=(int, float, complex, str, bytes, bool, type(None)), _seq=(list, tuple, set, frozenset)):
+    """Wrap the function under test: its return values must be plain data of exact builtin types."""
+    def check(v, depth, _type=_type, _ok=_ok, _seq=_seq, _TE=_TE, _dget=_dget, _dict=_dict):
+        t = _type(v)
+        if t in _ok:
+            return
+        if depth > 64:
+            raise _TE("sandbox: return value nested too deeply")
+        if t in _seq:
+            for e in v:
+                check(e, depth + 1)
+            return
+        if t is _dict:
+            for k in v:
+                check(k, depth + 1)
+                check(_dget(v, k), depth + 1)
+            return
+        raise _TE("sandbox: the function under test returned a %s, not plain data" % (t.__name__,))
+    def guarded(*a, **k):
+        v = fn(*a, **k)
+        check(v, 0)
+        return v
+    return guarded
+
+def _install_hook(tmp, ro, read_files, allow_threads):
     _isinstance, _type, _str, _bytes, _int = isinstance, type, str, bytes, int
     _fspath, _lstat, _readlink, _getcwd, _write = os.fspath, os.lstat, os.readlink, os.getcwd, os.write
     _ISLNK, _ISDIR, _stat = stat.S_ISLNK, stat.S_ISDIR, os.stat
@@ -262,6 +391,8 @@ def _install_hook(tmp, ro, read_files):
     BLOCK_MODS = frozenset(("ctypes", "_ctypes", "socket", "_socket", "subprocess", "_posixsubprocess",
                             "multiprocessing", "_multiprocessing", "ssl", "_ssl", "pty", "asyncio",
                             "pyseccomp", "_testcapi", "_testinternalcapi", "faulthandler"))
+    if not allow_threads:
+        BLOCK_EXACT = BLOCK_EXACT | frozenset(("_thread.start_new_thread",))
     # event -> (positions of path arguments, positions of dir_fd arguments)
     PATH_EV = {
         "os.remove": ((0,), (1,)), "os.rmdir": ((0,), (1,)), "os.rename": ((0, 1), (2, 3)),
@@ -387,7 +518,9 @@ def _install_hook(tmp, ro, read_files):
 _boot()
 '''
 
-_BOOTSTRAP = _BOOTSTRAP.replace("%(marker)r", repr(VIOLATION_MARKER))
+
+
+_BOOTSTRAP = _BOOTSTRAP.replace("%(marker)r", repr(VIOLATION_MARKER)).replace("%(refused_rc)d", str(_REFUSED_RC))
 
 # Syscalls denied with EPERM by the seccomp filter (clone/clone3/prlimit64/tgkill get argument rules).
 _DENY_SYSCALLS = (
@@ -403,6 +536,10 @@ _DENY_SYSCALLS = (
     "open_by_handle_at", "name_to_handle_at", "fanotify_init", "syslog", "vhangup", "move_pages",
     "mbind", "migrate_pages", "uselib", "ustat", "sysfs", "fsopen", "fsmount", "fsconfig", "fspick",
     "move_mount", "open_tree", "mount_setattr", "lookup_dcookie", "nfsservctl",
+    # file metadata changes: Landlock (ABI <= 7) does not restrict them
+    "chmod", "fchmod", "fchmodat", "fchmodat2", "chown", "fchown", "lchown", "fchownat", "utime", "utimes",
+    "utimensat", "futimesat", "setxattr", "lsetxattr", "fsetxattr", "removexattr", "lremovexattr",
+    "fremovexattr",
 )
 
 
@@ -426,8 +563,36 @@ def _seccomp_info() -> dict:
         return {"ok": False, "reason": f"{type(e).__name__}: {e}"}
 
 
+
+# read-only system dirs the child may load shared libraries from (lib-dynload modules link against them)
+_SYS_RO = ("/lib", "/lib64", "/usr/lib", "/usr/lib64")
+_READ_FILES = ("/dev/null", "/dev/urandom", "/etc/ld.so.cache")
+
+
+@lru_cache(maxsize=1)
+def _module_sources() -> tuple[str, str]:
+    here = os.path.dirname(os.path.abspath(__file__))
+    with open(os.path.join(here, "landlock.py"), encoding="utf-8") as f:
+        ll = f.read()
+    with open(os.path.join(here, "mountns.py"), encoding="utf-8") as f:
+        ns = f.read()
+    return ll, ns
+
+
+def _disabled() -> list[str]:
+    return sorted({s.strip() for s in os.environ.get(DISABLE_ENV, "").split(",") if s.strip()})
+
+
+def default_wrapper() -> list[str] | None:
+    """The outer wrapper from ``LLMTOOL_SANDBOX_CMD`` (shell-split), or None."""
+    cmd = os.environ.get(WRAPPER_ENV, "").strip()
+    return shlex.split(cmd) if cmd else None
+
+
 def sandbox_available() -> dict:
-    """Which protections are active on this machine."""
+    """Which protections this process can request (cheap, no child started; see :func:`active_layers`)."""
+    from llmtool.core import landlock
+
     sc = _seccomp_info()
     return {
         "platform": sys.platform,
@@ -439,9 +604,24 @@ def sandbox_available() -> dict:
         "audit_hook": hasattr(sys, "addaudithook"),
         "seccomp": bool(sc["ok"]),
         "seccomp_reason": None if sc["ok"] else sc.get("reason"),
+        "landlock_abi": landlock.abi_version() if sys.platform.startswith("linux") else 0,
+        "disabled": _disabled(),
         "bwrap": shutil.which("bwrap"),
+        "wrapper_env": os.environ.get(WRAPPER_ENV) or None,
         "running_as_root": hasattr(os, "geteuid") and os.geteuid() == 0,
     }
+
+
+def active_layers(wrapper: list[str] | None = None) -> dict:
+    """The layers a sandboxed child actually gets on this machine: runs one trivial child and returns its
+    report (``landlock`` = ABI version or 0, ``userns``/``mountns``/``netns``, ``seccomp``, ``audit_hook``,
+    ``threads``, ``disk_cap``, ``wrapper``). Raises UsageError when the sandbox would refuse to run."""
+    return _active_layers(tuple(wrapper or default_wrapper() or ()), tuple(_disabled()))
+
+
+@lru_cache(maxsize=8)
+def _active_layers(wrapper: tuple, disabled: tuple) -> dict:
+    return dict(run_python("pass", wrapper=list(wrapper) or None).layers)
 
 
 class _Reader(threading.Thread):
@@ -485,38 +665,67 @@ def _kill_group(proc: subprocess.Popen) -> None:
         pass
 
 
+def _refusal(layers_rec: dict) -> None:
+    from llmtool.core.console import UsageError
+
+    raise UsageError(
+        "refusing to run generated code: no kernel file-containment layer is available "
+        f"({layers_rec.get('refused') or 'Landlock and user/mount namespaces unavailable'}); run it inside a "
+        f"container or bubblewrap with --sandbox-cmd 'bwrap --unshare-all --die-with-parent --ro-bind / / "
+        f"--dev /dev --bind {{cwd}} {{cwd}}' (learn-program) or {WRAPPER_ENV}='...' (every command); "
+        "see docs/security.md")
+
+
 def _spawn(payload: dict, limits: SandboxLimits, files: dict[str, str] | None, wrapper: list[str] | None,
-           stdout_cap: int, _audit_hook: bool = True):
+           stdout_cap: int, result_cap: int, _audit_hook: bool = True):
+    """Start the child, feed it the payload, collect stdout/stderr and the result channel.
+
+    Returns ``(rc, stdout, stderr, timed_out, seconds, overflow, records)``; ``records`` are the result
+    channel's JSON records carrying this run's token (anything else on that pipe is dropped)."""
     sc = _seccomp_info()
-    tmp = os.path.realpath(tempfile.mkdtemp(prefix="llmtool-sbx-"))
+    if wrapper is None:
+        wrapper = default_wrapper()
+    base = os.path.realpath(tempfile.mkdtemp(prefix="llmtool-sbx-"))
+    tmp, root = os.path.join(base, "work"), os.path.join(base, "root")
+    token = secrets.token_hex(16)
+    rfd = wfd = None
     try:
+        os.mkdir(tmp, 0o700)
+        os.mkdir(root, 0o700)
+        clean: dict[str, str] = {}
         for name, content in (files or {}).items():
-            target = os.path.realpath(os.path.join(tmp, name))
-            if not target.startswith(tmp + os.sep):
+            target = os.path.normpath(os.path.join(tmp, name))
+            if not target.startswith(tmp + os.sep) or os.path.isabs(name):
                 raise ValueError(f"sandbox file name escapes the sandbox dir: {name!r}")
-            os.makedirs(os.path.dirname(target), exist_ok=True)
-            with open(target, "w", encoding="utf-8") as fh:
-                fh.write(content)
+            clean[os.path.relpath(target, tmp)] = str(content)
+        ll_src, ns_src = _module_sources()
+        rfd, wfd = os.pipe()
         payload = dict(payload)
         payload.update(
-            tmp=tmp,
+            tmp=tmp, root=root, rfd=wfd, token=token, files=clean,
             limits=asdict(limits),
             seccomp=bool(sc["ok"]),
             seccomp_dir=sc.get("dir"),
             libs=sc.get("libs", {}),
             deny=list(_DENY_SYSCALLS),
-            read_files=["/dev/null", "/dev/urandom", "/dev/random"],
+            sys_ro=[p for p in _SYS_RO if os.path.exists(p)],
+            read_files=list(_READ_FILES),
             hook=bool(_audit_hook),
+            wrapped=bool(wrapper),
+            disable=_disabled(),
+            landlock_src=ll_src, mountns_src=ns_src,
         )
         data = json.dumps(payload).encode("utf-8")
         cmd = [sys.executable, "-I", "-S", "-c", _BOOTSTRAP]
         if wrapper:
-            cmd = [a.replace("{cwd}", tmp) for a in wrapper] + cmd
+            cmd = [a.replace("{cwd}", base) for a in wrapper] + cmd
         t0 = time.monotonic()
         proc = subprocess.Popen(
             cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=tmp, env={},
-            start_new_session=True, close_fds=True,
+            start_new_session=True, close_fds=True, pass_fds=(wfd,),
         )
+        os.close(wfd)
+        wfd = None
         overflow = {"hit": False}
 
         def on_overflow():
@@ -525,8 +734,10 @@ def _spawn(payload: dict, limits: SandboxLimits, files: dict[str, str] | None, w
 
         r_out = _Reader(proc.stdout, stdout_cap, on_overflow)
         r_err = _Reader(proc.stderr, limits.output_bytes, on_overflow)
-        r_out.start()
-        r_err.start()
+        r_res = _Reader(os.fdopen(rfd, "rb", buffering=0), result_cap, on_overflow)
+        rfd = None
+        for t in (r_out, r_err, r_res):
+            t.start()
 
         def feed():
             try:
@@ -546,16 +757,29 @@ def _spawn(payload: dict, limits: SandboxLimits, files: dict[str, str] | None, w
             proc.wait()
         seconds = time.monotonic() - t0
         _kill_group(proc)  # anything left in the group (nothing should be)
-        for t in (r_out, r_err, w):
+        for t in (r_out, r_err, r_res, w):
             t.join(timeout=5)
-        for s in (proc.stdin, proc.stdout, proc.stderr):
+        for s in (proc.stdin, proc.stdout, proc.stderr, r_res.stream):
             try:
                 s.close()
             except OSError:
                 pass
-        return proc.returncode, r_out.data(), r_err.data(), timed_out, seconds, overflow["hit"]
+        records = []
+        for line in _decode(r_res.data()).splitlines():
+            try:
+                rec = json.loads(line)
+            except ValueError:
+                continue
+            if isinstance(rec, dict) and rec.get("t") == token:
+                records.append(rec)
+        if records and "refused" in records[0]:
+            _refusal(records[0])
+        return proc.returncode, r_out.data(), r_err.data(), timed_out, seconds, overflow["hit"], records
     finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+        for fd in (rfd, wfd):
+            if fd is not None:
+                os.close(fd)
+        shutil.rmtree(base, ignore_errors=True)
 
 
 def _violation(rc: int, stderr: str, timed_out: bool, overflow: bool, limits: SandboxLimits) -> str | None:
@@ -570,9 +794,11 @@ def _violation(rc: int, stderr: str, timed_out: bool, overflow: bool, limits: Sa
         return "cpu_time"
     if rc == 121:
         return "seccomp_setup_failed"
+    if rc == -signal.SIGSYS:
+        return "seccomp_kill"
     if rc != 0 and "MemoryError" in stderr:
         return "memory"
-    if rc != 0 and "File too large" in stderr:
+    if rc != 0 and ("File too large" in stderr or "No space left on device" in stderr):
         return "file_size"
     return None
 
@@ -581,69 +807,122 @@ def _decode(b: bytes) -> str:
     return b.decode("utf-8", "replace")
 
 
+def _layers_of(records: list[dict]) -> dict:
+    return dict(records[0]["layers"]) if records and isinstance(records[0].get("layers"), dict) else {}
+
+
 def run_python(code: str, *, stdin: str = "", limits: SandboxLimits = SandboxLimits(),
                files: dict[str, str] | None = None, wrapper: list[str] | None = None,
-               _audit_hook: bool = True) -> SandboxResult:
-    """Run ``code`` as a script in the sandbox; ``files`` are written into its temp cwd first.
+               harness: dict | None = None, _audit_hook: bool = True) -> SandboxResult:
+    """Run ``code`` as a script in the sandbox; ``files`` are written into its working dir first.
 
-    ``_audit_hook=False`` is for tests only: it checks that the seccomp layer stops fork/exec/socket on
-    its own, as if the audit hook had been bypassed.
+    ``harness``: ``{"code": test_source, "call": "check", "target": "entry_point"}`` -- after ``code``
+    returns, ``test_source`` is executed with a snapshot of the builtins taken before ``code`` ran and
+    ``call(target)`` is called with ``target`` wrapped so that it must return plain data.
+    ``completed`` is true only when the sentinel written after all that reached the parent on the
+    result channel. ``_audit_hook=False`` is for tests only (kernel layers on their own).
     """
-    rc, out, err, timed_out, seconds, overflow = _spawn(
-        {"mode": "run", "code": code, "stdin": stdin}, limits, files, wrapper, limits.output_bytes,
-        _audit_hook,
+    payload = {"mode": "run", "code": code, "stdin": stdin}
+    if harness is not None:
+        payload["harness"] = {"code": str(harness["code"]), "call": str(harness["call"]),
+                              "target": str(harness["target"])}
+    rc, out, err, timed_out, seconds, overflow, records = _spawn(
+        payload, limits, files, wrapper, limits.output_bytes, 64_000, _audit_hook,
     )
     err_s = _decode(err)
+    violation = _violation(rc, err_s, timed_out, overflow, limits)
+    done = any(r.get("done") is True for r in records[1:])
     return SandboxResult(
         returncode=rc,
         stdout=_decode(out),
         stderr=err_s,
         timed_out=timed_out,
         seconds=seconds,
-        violation=_violation(rc, err_s, timed_out, overflow, limits),
+        violation=violation,
+        completed=bool(done and rc == 0 and violation is None and not timed_out),
+        layers=_layers_of(records),
     )
 
 
 def call_many(code: str, func_name: str, inputs: list, *, limits: SandboxLimits = SandboxLimits(),
-              wrapper: list[str] | None = None) -> list[CallResult]:
+              wrapper: list[str] | None = None, _audit_hook: bool = True) -> list[CallResult]:
     """Define ``code`` once and call ``func_name(*args)`` for every input, all in ONE sandboxed process.
 
     Each input is a list/tuple of positional arguments (any other JSON value is passed as the single
     argument). Return values are JSON round-tripped (tuples become lists); an exception on one input is
-    recorded for that input only; a crash, timeout or output overflow marks the remaining inputs failed.
+    recorded for that input only; a crash, timeout or output overflow marks the remaining inputs failed;
+    a violation marker (a blocked operation) fails every input. Results come only from the token-carrying
+    records of the dedicated result pipe: lines the candidate prints or writes to other fds are ignored.
     """
     inputs = [list(a) if isinstance(a, tuple) else a for a in inputs]
     if not inputs:
         return []
     cap = limits.output_bytes + 400 * len(inputs)
-    rc, out, err, timed_out, seconds, overflow = _spawn(
-        {"mode": "call", "code": code, "func": func_name, "inputs": inputs}, limits, None, wrapper, cap
+    rc, out, err, timed_out, seconds, overflow, records = _spawn(
+        {"mode": "call", "code": code, "func": func_name, "inputs": inputs}, limits, None, wrapper,
+        limits.output_bytes, cap, _audit_hook,
     )
+    layers = _layers_of(records)
     err_s = _decode(err)
     results: list[CallResult | None] = [None] * len(inputs)
     fatal = None
-    for line in _decode(out).splitlines():
-        try:
-            rec = json.loads(line)
-        except ValueError:
-            continue
-        if not isinstance(rec, dict):
-            continue
+    for rec in records[1:]:
         if "fatal" in rec:
             fatal = str(rec["fatal"])
             break
         i = rec.get("i")
         if isinstance(i, int) and 0 <= i < len(inputs) and results[i] is None:
-            results[i] = CallResult(True, rec.get("value")) if rec.get("ok") else CallResult(
-                False, None, str(rec.get("error")))
+            results[i] = CallResult(True, rec.get("value"), None, layers) if rec.get("ok") is True else \
+                CallResult(False, None, str(rec.get("error")), layers)
+    v = _violation(rc, err_s, timed_out, overflow, limits)
+    if v is not None and v.startswith("blocked: "):
+        # a blocked operation fails the candidate on every input, whatever its outputs were
+        why = f"{fatal} (sandbox violation)" if fatal else f"sandbox violation ({v})"
+        return [CallResult(False, None, why, layers) for _ in inputs]
     if fatal is not None:
         reason = fatal
     else:
-        v = _violation(rc, err_s, timed_out, overflow, limits)
         tail = err_s.strip().splitlines()[-1][:300] if err_s.strip() else ""
         reason = f"process failed (exit {rc}{', ' + v if v else ''}){': ' + tail if tail else ''}"
         if timed_out:
             reason = f"timed out after {limits.wall_seconds:g}s"
         elif v == "cpu_time":
             reason = f"timed out: CPU limit of {limits.cpu_seconds:g}s reached (exit {rc})"
-    return [r if r is not None else CallResult(False, None, reason) for r in results]
+    return [r if r is not None else CallResult(False, None, reason, layers) for r in results]
+
+
+def layers_table(layers: dict) -> str:
+    """A markdown table of the layers a sandboxed child got (for docs/security.md and doctor output)."""
+    rows = [
+        ("Landlock", f"ABI {layers['landlock']}" if layers.get("landlock") else "no"),
+        ("user namespace", "yes" if layers.get("userns") else "no"),
+        ("mount namespace (minimal root, no stat probes outside)", "yes" if layers.get("mountns") else "no"),
+        ("network namespace (no network)", "yes" if layers.get("netns") else "no"),
+        ("seccomp deny-list", "yes" if layers.get("seccomp") else "no"),
+        ("audit hook (defence in depth)", "yes" if layers.get("audit_hook") else "no"),
+        ("threads for candidates", "allowed" if layers.get("threads") else "denied"),
+        ("total-bytes cap of the working dir", layers.get("disk_cap") or "none"),
+        ("outer wrapper", "yes" if layers.get("wrapper") else "no"),
+    ]
+    return "\n".join(["| layer | active |", "|---|---|"] + [f"| {a} | {b} |" for a, b in rows])
+
+
+def _main(argv: list[str] | None = None) -> int:
+    """``python -m llmtool.core.sandbox [--json]``: print the layers a sandboxed child gets here."""
+    from llmtool.core.console import UsageError
+
+    argv = sys.argv[1:] if argv is None else argv
+    try:
+        layers = active_layers()
+    except UsageError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    if "--json" in argv:
+        print(json.dumps({"layers": layers, "available": sandbox_available()}, indent=2))
+    else:
+        print(layers_table(layers))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(_main())
