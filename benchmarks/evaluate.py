@@ -14,6 +14,11 @@ of every method and budget starts from the same generator), budgets 1-80 % of K*
 on every cell, and paired differences (Newcombe) of SySR against each baseline.
     python benchmarks/evaluate.py --workers 2          # defaults (ucbe-lrf dominates: about an hour on 2 cores)
     python benchmarks/evaluate.py --reps 500 --autograder   # spec-sized run
+    python benchmarks/evaluate.py --only-autograder         # add the HiBayES fixture fits to the stored results
+    python benchmarks/evaluate.py --report-only             # rebuild evaluate.md from evaluate.json
+
+The verdict on SySR (the paper: lowest average error) is the paired error difference against sh-shared and
+ucbe-lrf, per benchmark and pooled over budgets (``sysr_verdict`` in the JSON).
 """
 from __future__ import annotations
 
@@ -191,6 +196,118 @@ def run_autograder(chains: int, samples: int):
     return out
 
 
+VERDICT_BASELINES = ("sh-shared", "ucbe-lrf")  # the two that tie SySR from ~10 % of the budget
+
+
+def sysr_verdicts(paired: list[dict], reps: int, baselines=VERDICT_BASELINES) -> list[dict]:
+    """The paper's claim is "lowest average error", so the verdict of SySR against a baseline is the paired
+    error difference (SySR − baseline, same replays), per benchmark and pooled over every (benchmark, budget)
+    cell: the mean difference (= difference in average error), the budgets where the Newcombe 95 % interval
+    excludes 0 either way, and the budgets where neither method ever errs (uninformative). The pooled interval
+    adds up the discordant replays of all cells (cells treated as independent, an approximation: replays
+    share random numbers across budgets). ``not tested`` where no cell has an error in either method."""
+    from llmtool.core.intervals import paired_difference
+
+    out = []
+    for b in baselines:
+        cells = [c for c in paired if c["b"] == b]
+        if not cells:
+            continue
+        groups = {bench: [c for c in cells if c["benchmark"] == bench] for bench in dict.fromkeys(c["benchmark"] for c in cells)}
+        groups["pooled"] = cells
+        for bench, cs in groups.items():
+            informative = [c for c in cs if c["a_only"] + c["b_only"] + c["both"] > 0]
+            sysr_better = [c["budget_frac"] for c in cs if c["ci_high"] < 0]
+            base_better = [c["budget_frac"] for c in cs if c["ci_low"] > 0]
+            a_only, b_only, both = (sum(c[k] for c in cs) for k in ("a_only", "b_only", "both"))
+            mean_diff = sum(c["difference"] for c in cs) / len(cs)
+            d, lo, hi = paired_difference(a_only, b_only, both, reps * len(cs))  # every cell has `reps` replays
+            if not informative:
+                verdict = "not tested: neither method errs at any budget"
+            elif hi < 0:
+                verdict = "SySR lower average error (pooled interval below 0)"
+            elif lo > 0:
+                verdict = f"{b} lower average error (pooled interval above 0)"
+            else:
+                verdict = "no significant difference in average error"
+            if bench != "pooled":
+                verdict += (f"; SySR significantly lower at budgets {sysr_better}" if sysr_better else "") + \
+                           (f"; {b} significantly lower at budgets {base_better}" if base_better else "")
+            out.append({"baseline": b, "benchmark": bench, "mean_difference": mean_diff, "pooled_difference": d,
+                        "ci95": [lo, hi], "budgets_sysr_better": sysr_better, "budgets_baseline_better": base_better,
+                        "budgets_both_error_free": len(cs) - len(informative), "budgets": len(cs), "verdict": verdict})
+    return out
+
+
+def report(doc: dict) -> str:
+    """The markdown report of a results document (also rebuilt from the stored JSON by --report-only)."""
+    from llmtool.evaluate import bai_sim as B
+
+    args = doc["settings"]
+    bai_rows = [B.SimRow(**r) for r in doc["bai"]]
+    matrix_info, summary, paired, judge_rows = doc["matrices"], doc["bai_summary"], doc["bai_paired_vs_sysr"], doc["judge"]
+    auto_rows = doc.get("autograder")
+    flags = (f" --reps {args['reps']}" if args["reps"] != 100 else "") + (" --autograder" if args.get("autograder") else "")
+    md = ["# evaluate benchmark", "",
+          (f"Command: `python benchmarks/evaluate.py{flags}` (reps {args['reps']} for every method, common random "
+           f"numbers, seed {args['seed']}); {doc['seconds']:.0f} s."), ""]
+    if doc.get("autograder_command"):
+        md += [f"Autograder fits rerun alone: `{doc['autograder_command']}`.", ""]
+    md += ["## Matrices", "", markdown_table([{"benchmark": k, **{c: v[c] for c in ("models", "items", "best_mean",
+                                                                                   "top2_gap", "top2_disagreement")}}
+                                              for k, v in matrix_info.items()]), ""]
+    md += ["## Error rate vs budget fraction (Wilson 95% interval)", ""]
+    for bench in matrix_info:
+        md += [f"### {bench}", ""]
+        table = []
+        for m in METHODS + ["ucbe@0.1", "ucbe@10"]:
+            row = {"method": m}
+            for r in bai_rows:
+                if r.benchmark == bench and r.method == m:
+                    row[f"f={r.budget_frac:g}"] = _cell_text(r)
+            table.append(row)
+        md += [markdown_table(table), ""]
+    md += ["## Average error and budget needed for error <= 0.05", "",
+           markdown_table([{"method": m, "average_error": f"{v['average_error']:.3f}",
+                            **{f"needed {b}": ("-" if x is None else f"{x:g}") for b, x in v["budget_needed"].items()},
+                            "worst_case": "-" if v["worst_case_budget"] is None else f"{v['worst_case_budget']:g}"}
+                           for m, v in summary["methods"].items()]), ""]
+    verdicts = sysr_verdicts(paired, args["reps"])
+    doc["sysr_verdict"] = verdicts
+    if verdicts:
+        md += ["## Verdict: SySR against sh-shared and ucbe-lrf (paired; the paper's claim is lowest average error)", "",
+               "SySR − baseline error difference over the same replays: mean over budgets (= difference in average "
+               "error) and the pooled paired difference with its 95 % interval (discordant replays of all budgets "
+               "added up; negative = SySR better). Budgets where neither method ever errs carry no information.", "",
+               markdown_table([{"baseline": v["baseline"], "benchmark": v["benchmark"],
+                                "mean diff": f"{v['mean_difference']:+.4f}",
+                                "pooled diff [95 % CI]": f"{v['pooled_difference']:+.4f} [{v['ci95'][0]:+.4f}, {v['ci95'][1]:+.4f}]",
+                                "error-free budgets": f"{v['budgets_both_error_free']}/{v['budgets']}",
+                                "verdict": v["verdict"]} for v in verdicts]), ""]
+    md += ["## SySR minus each baseline: paired error difference (Newcombe 95% interval; negative = SySR better)", ""]
+    for bench in matrix_info:
+        md += [f"### {bench}", ""]
+        table = []
+        for m in METHODS[1:] + ["ucbe@0.1", "ucbe@10"]:
+            row = {"baseline": m}
+            for c in paired:
+                if c["benchmark"] == bench and c["b"] == m:
+                    row[f"f={c['budget_frac']:g}"] = f"{c['difference']:+.2f} ({c['ci_low']:+.2f},{c['ci_high']:+.2f})"
+            table.append(row)
+        md += [markdown_table(table), ""]
+    md += ["## Judge aggregation (synthetic Davidson judge, humans tie more: nu_H = 2; 600 calibration / 2400 test items)",
+           "", markdown_table([{k: (f"{v:.3f}" if isinstance(v, float) else v) for k, v in r.items()
+                                if k in ("nu_mode", "n", "method", "mae", "label_accuracy", "pairwise_acc")}
+                               for r in judge_rows]), ""]
+    if auto_rows:
+        md += ["## Autograder GLMs on the HiBayES fixtures", "", markdown_table(auto_rows), ""]
+    else:
+        md += ["## Autograder GLMs on the HiBayES fixtures", "",
+               "Not run by this command (pass `--autograder`, or `--only-autograder` to add the fits to these "
+               "results).", ""]
+    return "\n".join(md) + "\n"
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--reps", type=int, default=100, help="replays per (method, budget), every method (spec: 500)")
@@ -199,6 +316,10 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--rebuild-matrix", action="store_true")
     ap.add_argument("--autograder", action="store_true", help="also fit the HiBayES fixture models")
+    ap.add_argument("--only-autograder", action="store_true",
+                    help="fit the HiBayES fixture models only and add them to the stored results (rest kept)")
+    ap.add_argument("--report-only", action="store_true",
+                    help="rebuild evaluate.md (and the SySR verdict) from the stored evaluate.json")
     ap.add_argument("--chains", type=int, default=2)
     ap.add_argument("--samples", type=int, default=500)
     args = ap.parse_args()
@@ -207,6 +328,20 @@ def main() -> None:
     from llmtool.evaluate.results_io import load_matrix, write_wide
 
     RESULTS.mkdir(parents=True, exist_ok=True)
+    stored = RESULTS / "evaluate.json"
+    if args.report_only or args.only_autograder:
+        doc = json.loads(stored.read_text())
+        if args.only_autograder:
+            t0 = time.time()
+            doc["autograder"] = run_autograder(args.chains, args.samples)
+            doc["autograder_command"] = (f"python benchmarks/evaluate.py --only-autograder --chains {args.chains} "
+                                         f"--samples {args.samples}")
+            doc["autograder_seconds"] = round(time.time() - t0, 1)
+        md = report(doc)
+        stored.write_text(json.dumps(doc, indent=2, default=float))
+        (RESULTS / "evaluate.md").write_text(md)
+        print(md)
+        return
     t_start = time.time()
     matrix_path = RESULTS / "evaluate.matrix.csv"
     if matrix_path.is_file() and not args.rebuild_matrix:
@@ -235,50 +370,10 @@ def main() -> None:
     doc = {"settings": vars(args), "matrices": matrix_info, "bai": [asdict(r) for r in bai_rows], "bai_summary": summary,
            "bai_paired_vs_sysr": paired,
            "judge": judge_rows, "autograder": auto_rows, "seconds": round(time.time() - t_start, 1)}
+    md = report(doc)
     (RESULTS / "evaluate.json").write_text(json.dumps(doc, indent=2, default=float))
-
-    flags = (f" --reps {args.reps}" if args.reps != 100 else "") + (" --autograder" if args.autograder else "")
-    md = ["# evaluate benchmark", "",
-          (f"Command: `python benchmarks/evaluate.py{flags}` (reps {args.reps} for every method, common random "
-           f"numbers, seed {args.seed}); {doc['seconds']:.0f} s."), ""]
-    md += ["## Matrices", "", markdown_table([{"benchmark": k, **{c: v[c] for c in ("models", "items", "best_mean",
-                                                                                   "top2_gap", "top2_disagreement")}}
-                                              for k, v in matrix_info.items()]), ""]
-    md += ["## Error rate vs budget fraction (Wilson 95% interval)", ""]
-    for bench in matrices:
-        md += [f"### {bench}", ""]
-        table = []
-        for m in METHODS + ["ucbe@0.1", "ucbe@10"]:
-            row = {"method": m}
-            for r in bai_rows:
-                if r.benchmark == bench and r.method == m:
-                    row[f"f={r.budget_frac:g}"] = _cell_text(r)
-            table.append(row)
-        md += [markdown_table(table), ""]
-    md += ["## Average error and budget needed for error <= 0.05", "",
-           markdown_table([{"method": m, "average_error": f"{v['average_error']:.3f}",
-                            **{f"needed {b}": ("-" if x is None else f"{x:g}") for b, x in v["budget_needed"].items()},
-                            "worst_case": "-" if v["worst_case_budget"] is None else f"{v['worst_case_budget']:g}"}
-                           for m, v in summary["methods"].items()]), ""]
-    md += ["## SySR minus each baseline: paired error difference (Newcombe 95% interval; negative = SySR better)", ""]
-    for bench in matrices:
-        md += [f"### {bench}", ""]
-        table = []
-        for m in METHODS[1:] + ["ucbe@0.1", "ucbe@10"]:
-            row = {"baseline": m}
-            for c in paired:
-                if c["benchmark"] == bench and c["b"] == m:
-                    row[f"f={c['budget_frac']:g}"] = f"{c['difference']:+.2f} ({c['ci_low']:+.2f},{c['ci_high']:+.2f})"
-            table.append(row)
-        md += [markdown_table(table), ""]
-    md += ["## Judge aggregation (synthetic Davidson judge, humans tie more: nu_H = 2; 600 calibration / 2400 test items)",
-           "", markdown_table([{k: (f"{v:.3f}" if isinstance(v, float) else v) for k, v in r.items()
-                                if k in ("nu_mode", "n", "method", "mae", "label_accuracy", "pairwise_acc")}
-                               for r in judge_rows]), ""]
-    if auto_rows:
-        md += ["## Autograder GLMs on the HiBayES fixtures", "", markdown_table(auto_rows), ""]
-    (RESULTS / "evaluate.md").write_text("\n".join(md) + "\n")
-    print("\n".join(md))
+    (RESULTS / "evaluate.md").write_text(md)
+    print(md)
 
 
 if __name__ == "__main__":
