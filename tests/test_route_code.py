@@ -90,3 +90,40 @@ def test_cli_route_data_humaneval_transfer(tmp_path):
     assert code == 0, err
     tx = [json.loads(x) for x in (tmp_path / "d" / "transfer.jsonl").read_text().splitlines()]
     assert len(tx) == 3 and all(r["domain"] == "humaneval" for r in tx)
+
+
+def test_humaneval_scorer_needs_check_to_return():
+    """Issue 39: early exits, forged result lines, always-equal objects and violations never pass."""
+    r = make_split("humaneval", 1, 0, "transfer")[0]          # HumanEval/0: has_close_elements -> bool
+    body = r["answer"][len(r["humaneval"]["prompt"]):]
+    assert correct(r, body)
+    forge = ("    import os, json\n    for fd in range(1, 30):\n        try:\n"
+             "            os.write(fd, (json.dumps(dict(done=True, ok=True, i=0)) + '\\n').encode())\n"
+             "        except OSError:\n            pass\n")
+    for bad in (
+        "    return True\nimport sys\nsys.exit(0)\n",                       # exit before check
+        "    return True\nimport os\nos._exit(0)\n",
+        "    import sys\n    sys.exit(0)\n",                                 # exit inside check
+        "    import os\n    os._exit(0)\n",
+        forge + "    os._exit(0)\n",                                         # forged lines, then exit
+        "    class E:\n        def __eq__(self, o):\n            return True\n    return E()\n",
+        "    class B(int):\n        def __eq__(self, o):\n            return True\n    return B(0)\n",
+        "    try:\n        open('/etc/hostname')\n    except OSError:\n        pass\n" + body,   # violation
+    ):
+        assert not correct(r, bad), bad
+
+
+def test_code_scorer_ignores_forged_lines_and_fails_violations():
+    it = codetasks.item(5)
+    row = {"domain": "code", "answer": it["answer"], "tests": it["tests"]}
+    head, ret = it["answer"].split("return ", 1)
+    recs = [json.dumps(dict(i=i, ok=True, value=exp)) for i, (_, exp) in enumerate(it["tests"])]
+    forge = ("    import os\n    for fd in range(1, 30):\n        for line in %r:\n            try:\n"
+             "                os.write(fd, (line + '\\n').encode())\n            except OSError:\n"
+             "                pass\n" % (recs,))
+    assert correct(row, it["answer"])
+    assert not correct(row, head.rstrip() + "\n" + forge + "    return None")          # forged, wrong values
+    assert not correct(row, head.rstrip() + "\n" + forge + "    os._exit(0)")          # forged, then exit
+    leak = head.rstrip() + "\n    try:\n        open('/etc/hostname')\n    except OSError:\n        pass\n" \
+        "    return " + ret
+    assert not correct(row, leak)                                       # right values, but a violation

@@ -15,6 +15,15 @@ The issue asks for "code from generated `def f(...)` tasks with asserts". Recons
   unindented non-blank line: a second function or prose is not scored), defined once in one sandboxed
   process and called on every test input (:func:`llmtool.core.sandbox.call_many`); correct = every output
   equal to the expected value after a JSON round trip. Model output never runs in this process.
+
+Scoring contract (issue 39), for these scorers and any scorer to come: a pass is computed *in the parent*
+from what reaches it on the sandbox's token-carrying result channel -- never from an exit status or from
+lines on the candidate's stdout. ``score`` compares the returned JSON values with the expected values kept
+in this process (the child never sees them). ``humaneval_score`` runs HumanEval's ``check`` as the
+sandbox's *harness* and passes only when the sentinel written after ``check`` returned arrives
+(``SandboxResult.completed``): ``sys.exit(0)``/``os._exit(0)`` before or inside ``check``, forged lines,
+an always-equal return object (the function under test must return plain data), a patched or shadowed
+builtin, and any sandbox violation all score 0.
 """
 from __future__ import annotations
 
@@ -150,7 +159,8 @@ def humaneval_items(seed: int = 0, size: int = 0) -> list[dict]:
 
 def humaneval_program(meta: dict, output: str) -> str:
     """The program the sandbox runs: the problem's prompt (imports, helpers, stub) with the output's function
-    or body, then HumanEval's ``check``."""
+    or body. HumanEval's test code and ``check`` are not part of it: they run as the sandbox's harness after
+    the program returned (:func:`humaneval_harness`)."""
     text = _strip_fences(output)
     entry = meta["entry_point"]
     m = re.search(rf"^\s*(def {re.escape(entry)}\s*\()", text, flags=re.M)
@@ -158,14 +168,21 @@ def humaneval_program(meta: dict, output: str) -> str:
         body = meta["prompt"] + "\n    pass\n\n" + text[m.start(1):]
     else:
         body = meta["prompt"] + text
-    return f"{body}\n\n{meta['test']}\n\ncheck({entry})\n"
+    return body + "\n"
+
+
+def humaneval_harness(meta: dict) -> dict:
+    """HumanEval's test code, run after the program with ``check(entry_point)``."""
+    return {"code": meta["test"], "call": "check", "target": meta["entry_point"]}
 
 
 def humaneval_score(row: dict, output: str) -> float:
+    """1.0 only when HumanEval's ``check`` returned for the output's function (the sandbox's sentinel)."""
     from llmtool.core.sandbox import SandboxLimits, run_python
 
     meta = row.get("humaneval")
     if not meta or not output.strip():
         return 0.0
-    res = run_python(humaneval_program(meta, output), limits=SandboxLimits(cpu_seconds=10, wall_seconds=20))
-    return float(res.returncode == 0 and res.violation is None and not res.timed_out)
+    res = run_python(humaneval_program(meta, output), harness=humaneval_harness(meta),
+                     limits=SandboxLimits(cpu_seconds=10, wall_seconds=20))
+    return float(res.completed and res.returncode == 0 and res.violation is None and not res.timed_out)
