@@ -148,3 +148,36 @@ def test_bench_agent_base_ir_not_tested_when_the_base_model_never_acts():
     acting = dict(silent, **{"dual-ori-first": {"orig_calls": 9, "alias_calls": 1}})
     assert ba.base_ir_gate({"base_ir": {"ir": 1.0}, "base": acting})["verdict"] == gates.MET
     assert ba.base_ir_gate({"base_ir": {"ir": 3.0}, "base": acting})["verdict"] == gates.NOT_MET
+
+
+def test_select_data_largest_share_gate_not_tested_when_unattainable():
+    sd = _bench("select_data")
+
+    def row(method, h, mx, mn):
+        return {"method": method, "norm_entropy": h, "max_share": mx, "min_share": mn, "mean_cos": 0.5}
+
+    summary = [row("gem", 0.99, 0.047, 0.0175), row("movmf-em", 0.97, 0.08, 0.014), row("kmeans", 0.96, 0.078, 0.012)]
+    g = sd.gem_gates(summary, 24)
+    assert g["max_share_le_half_kmeans"]["verdict"] == gates.NOT_TESTED  # 0.039 < 1/24: no partition meets it
+    assert g["entropy_ge_kmeans"]["verdict"] == gates.MET
+    beside = g["entropy_ge_kmeans"]["measured"]["gem"]  # balance reported beside the coherence metrics
+    assert beside["mean_cos"] == 0.5 and beside["silhouette_cos"] == "not measured"
+    collapsed = summary[:2] + [row("kmeans", 0.8, 0.30, 0.001)]
+    assert sd.gem_gates(collapsed, 24)["max_share_le_half_kmeans"]["verdict"] == gates.MET
+
+
+def test_sysr_verdict_is_the_paired_difference_and_not_tested_without_errors():
+    ev = _bench("evaluate")
+
+    def cell(bench, f, a_only, b_only, both, lo, hi):
+        return {"a": "sysr", "b": "sh-shared", "benchmark": bench, "budget_frac": f, "difference": (a_only - b_only) / 100,
+                "ci_low": lo, "ci_high": hi, "a_only": a_only, "b_only": b_only, "both": both}
+
+    clean = [cell("x", f, 0, 0, 0, 0.0, 0.0) for f in (0.1, 0.2)]
+    v = {r["benchmark"]: r for r in ev.sysr_verdicts(clean, 100)}
+    assert v["x"]["verdict"].startswith("not tested")
+    better = [cell("x", 0.1, 0, 30, 10, -0.4, -0.2), cell("x", 0.2, 0, 20, 0, -0.3, -0.1)]
+    v = {r["benchmark"]: r for r in ev.sysr_verdicts(better, 100)}
+    assert v["pooled"]["verdict"].startswith("SySR lower") and v["pooled"]["ci95"][1] < 0
+    worse = [cell("x", 0.1, 30, 0, 10, 0.2, 0.4), cell("x", 0.2, 20, 0, 0, 0.1, 0.3)]
+    assert {r["benchmark"]: r for r in ev.sysr_verdicts(worse, 100)}["pooled"]["verdict"].startswith("sh-shared lower")
