@@ -255,6 +255,10 @@ def save_state_dict(
 
 
 BASE_CONFIG_KEY = "llmtool_base_config"
+# config.json and llmtool.json of llmtool-only formats say how to load them: plain transformers' refusal
+# ("does not recognize this architecture ... update Transformers") cannot name `llmtool models export`.
+HOW_TO_LOAD = ("written by llmtool: load with llmtool.load(DIR) (pip install llmtool); plain transformers refuses "
+               "this model type, `llmtool models export DIR DENSE` writes a plain transformers checkpoint of it")
 
 
 def mark_llmtool_format(config: dict, model_type: str, architecture: str) -> dict:
@@ -271,6 +275,7 @@ def mark_llmtool_format(config: dict, model_type: str, architecture: str) -> dic
     cfg["model_type"] = model_type
     cfg["architectures"] = [architecture]
     cfg[BASE_CONFIG_KEY] = base
+    cfg["how_to_load"] = HOW_TO_LOAD
     return cfg
 
 
@@ -278,7 +283,7 @@ def base_config_dict(config: dict) -> dict:
     """The base model's config.json of a :func:`mark_llmtool_format` config (unchanged otherwise)."""
     if BASE_CONFIG_KEY not in config:
         return dict(config)
-    cfg = {k: v for k, v in config.items() if k != BASE_CONFIG_KEY}
+    cfg = {k: v for k, v in config.items() if k not in (BASE_CONFIG_KEY, "how_to_load")}
     cfg.update({k: v for k, v in config[BASE_CONFIG_KEY].items() if v is not None})
     return cfg
 
@@ -483,6 +488,9 @@ def write_provenance(
         "metrics": dict(metrics or {}),
         **extra,
     }
+    with contextlib.suppress(OSError, ValueError):  # an llmtool-only format: say how to load it
+        if BASE_CONFIG_KEY in json.loads((Path(out_dir) / "config.json").read_text()):
+            record.setdefault("how_to_load", HOW_TO_LOAD)
     (Path(out_dir) / PROVENANCE).write_text(json.dumps(record, indent=2, default=str))
     return record
 

