@@ -26,6 +26,7 @@ import contextlib
 import errno
 import functools
 import importlib
+import os
 import signal
 import sys
 from typing import Annotated, Any, Optional
@@ -45,7 +46,7 @@ except ImportError:  # pragma: no cover - older typer on click
 
 from llmtool import __version__
 from llmtool.core.console import OPTIONS, Terminated, UsageError, fail
-from llmtool.core.options import available_cpus, check_counts
+from llmtool.core.options import available_cpus, check_count, check_counts
 
 # name -> (module holding `app`, one-line help). Order = order in --help.
 AREAS: dict[str, tuple[str, str]] = {
@@ -258,6 +259,11 @@ def root(
     OPTIONS.json, OPTIONS.device, OPTIONS.dtype, OPTIONS.seed, OPTIONS.quiet = json_out, device, dtype, seed, quiet
     if threads is not None and threads > available_cpus():
         raise UsageError(f"--threads {threads}: at most {available_cpus()} (the CPU cores available to this process)")
+    env_threads = os.environ.get("LLMTOOL_THREADS", "").strip()
+    if threads is None and env_threads:  # checked here for every command; applied where torch is (job.py)
+        if not env_threads.isdigit() or int(env_threads) < 1:
+            raise UsageError(f"$LLMTOOL_THREADS={env_threads!r}: expected a positive integer")
+        check_count("$LLMTOOL_THREADS", "threads", int(env_threads))
     OPTIONS.threads, OPTIONS.debug = threads, debug
     if threads is not None:
         from llmtool.core.job import apply_threads

@@ -93,7 +93,77 @@ def _remote_code(d: Path) -> None:
     (d / "evil.py").write_text("raise SystemExit('remote code ran')\n")
 
 
+def _set_config(d: Path, **changes) -> None:
+    cfg = json.loads((d / "config.json").read_text())
+    cfg.update(changes)
+    (d / "config.json").write_text(json.dumps(cfg))
+
+
+def _config_list(d: Path) -> None:
+    (d / "config.json").write_text(json.dumps([json.loads((d / "config.json").read_text())]))
+
+
+def _config_not_utf8(d: Path) -> None:
+    (d / "config.json").write_bytes((d / "config.json").read_bytes()[:-1] + b', "x": "\xff\xfe"}')
+
+
+def _config_deep(d: Path) -> None:  # beyond the JSON parser's recursion limit
+    (d / "config.json").write_text("[" * 200_000 + "]" * 200_000)
+
+
+def _weights_dir(d: Path) -> None:
+    (d / "model.safetensors").unlink()
+    (d / "model.safetensors").mkdir()
+
+
+def _weights_symlink_loop(d: Path) -> None:
+    import os
+
+    (d / "model.safetensors").unlink()
+    os.symlink("model.safetensors", d / "model.safetensors")
+
+
+def _weights_fifo(d: Path) -> None:  # opening it would block forever
+    import os
+
+    (d / "model.safetensors").unlink()
+    os.mkfifo(d / "model.safetensors")
+
+
+def _int32_weight(d: Path) -> None:
+    from safetensors.torch import load_file, save_file
+
+    sd = load_file(str(d / "model.safetensors"))
+    key = "model.layers.0.self_attn.q_proj.weight"
+    sd[key] = (sd[key] * 1000).to(torch.int32)
+    save_file(sd, str(d / "model.safetensors"), metadata={"format": "pt"})
+
+
+def _index_outside(d: Path) -> None:
+    """A shard index naming a weight file outside the checkpoint (a copy of the real one lies there)."""
+    outside = d.parent / f"{d.name}-outside.safetensors"
+    shutil.copyfile(d / "model.safetensors", outside)
+    from safetensors import safe_open
+
+    with safe_open(str(d / "model.safetensors"), framework="pt") as h:
+        names = list(h.keys())
+    (d / "model.safetensors").unlink()
+    (d / "model.safetensors.index.json").write_text(json.dumps(
+        {"metadata": {}, "weight_map": {n: f"../{outside.name}" for n in names}}))
+
+
 BAD_MODELS = {
+    "config-is-a-list": (_config_list, "must be a JSON object"),
+    "config-not-utf8": (_config_not_utf8, "not UTF-8"),
+    "config-too-deep": (_config_deep, "nested too deeply"),
+    "weights-are-a-dir": (_weights_dir, "not a regular file"),
+    "weights-symlink-loop": (_weights_symlink_loop, "symbolic links"),
+    "weights-fifo": (_weights_fifo, "not a regular file (a FIFO)"),
+    "zero-heads": (lambda d: _set_config(d, num_attention_heads=0), "num_attention_heads"),
+    "nested-auto-map": (lambda d: _set_config(d, text_config={"auto_map": {"AutoModelForCausalLM": "evil.M"}}),
+                        "text_config.auto_map"),
+    "int32-weights": (_int32_weight, "stored as I32"),
+    "index-outside-dir": (_index_outside, "outside the checkpoint"),
     "corrupt-header": (_corrupt_header, "corrupt safetensors"),
     "huge-header": (_huge_header, "corrupt safetensors"),
     "truncated": (_truncated, "safetensors"),

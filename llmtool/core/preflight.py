@@ -34,7 +34,9 @@ def resolve_model(model: str | os.PathLike) -> Path:
 
 def check_causal_lm(path: Path, config: dict | None = None) -> dict:
     config = config if config is not None else read_config(path)
+    check_config_values(path, config)
     archs = config.get("architectures") or []
+    archs = archs if isinstance(archs, list) else [archs]
     if not any(str(a).endswith("ForCausalLM") for a in archs):
         raise UsageError(
             f"{path}: not a causal language model (config.json architectures={archs or 'missing'}); "
@@ -158,10 +160,12 @@ def checked_model(model: str | os.PathLike, check_config: Callable[[Path, dict],
     model_path = resolve_model(model)
     config = check_causal_lm(model_path)
     refuse_remote_code(model_path, config)
-    check_config_values(model_path, config)
     if check_config is not None:
         check_config(model_path, config)
     check_weights(model_path, config)
+    from llmtool.core.arch import check_layout, header_shapes   # a known family's config vs its tensors
+
+    check_layout(model_path, config, header_shapes(model_path))
     return model_path
 
 
