@@ -402,3 +402,36 @@ def test_layers_are_reported_and_printed():
     out = subprocess.run([sys.executable, "-m", "llmtool.core.sandbox"], capture_output=True, text=True, timeout=60)
     assert out.returncode == 0 and "| Landlock |" in out.stdout, out
     assert ("ABI %d" % lay["landlock"] if lay["landlock"] else "| Landlock | no |") in out.stdout
+
+
+@linux_only
+def test_cli_refuses_with_one_error_line_and_the_wrapper_is_the_way_out(tmp_path):
+    """A real `llmtool learn-program` process: no kernel layer -> exit 2 and one `error:` line naming the way
+    out; `--sandbox-cmd` (here a no-op wrapper) or LLMTOOL_SANDBOX_CMD lets it run."""
+    import json
+
+    from conftest import run_cli_subprocess
+
+    from llmtool.core.sandbox import WRAPPER_ENV
+    from llmtool.learn_program.tasks import generate, write_dataset
+
+    d = tmp_path / "data"
+    d.mkdir()
+    write_dataset(generate("parity_all", 10, 40, 40, 40, seed=1), d)
+    replay = tmp_path / "r.jsonl"
+    replay.write_text(json.dumps({"code": "def f(x):\n    return x.count('1') % 2\n"}) + "\n")
+    off = {DISABLE_ENV: "landlock,userns", "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
+    p = run_cli_subprocess("learn-program", tmp_path / "a", "--data", d, "--proposer", f"replay:{replay}",
+                           env=off, timeout=300)
+    assert p.returncode == 2, p.stderr
+    lines = [line for line in p.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("error:") and "--sandbox-cmd" in lines[0], p.stderr
+    assert "Traceback" not in p.stderr
+    env = shutil.which("env")
+    p = run_cli_subprocess("learn-program", tmp_path / "b", "--data", d, "--proposer", f"replay:{replay}",
+                           "--sandbox-cmd", env, env=off, timeout=300)
+    assert p.returncode == 0, p.stderr
+    assert json.loads((tmp_path / "b" / "summary.json").read_text())["best_val"] == 1.0
+    p = run_cli_subprocess("learn-program", tmp_path / "c", "--data", d, "--proposer", f"replay:{replay}",
+                           env={**off, WRAPPER_ENV: env}, timeout=300)
+    assert p.returncode == 0, p.stderr

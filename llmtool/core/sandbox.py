@@ -877,7 +877,7 @@ def call_many(code: str, func_name: str, inputs: list, *, limits: SandboxLimits 
     v = _violation(rc, err_s, timed_out, overflow, limits)
     if v is not None and v.startswith("blocked: "):
         # a blocked operation fails the candidate on every input, whatever its outputs were
-        why = f"{fatal} (sandbox violation)" if fatal else f"sandbox violation ({v})"
+        why = f"{fatal} (sandbox violation)" if fatal else "sandbox violation: " + v.replace("blocked: ", "blocked ", 1)
         return [CallResult(False, None, why, layers) for _ in inputs]
     if fatal is not None:
         reason = fatal
