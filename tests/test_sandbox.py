@@ -317,13 +317,15 @@ def test_wrapper_prefix_and_availability():
 def test_bwrap_wrapper(tmp_path):
     wrapper = ["bwrap", "--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc", "--bind", "{cwd}", "{cwd}",
                "--unshare-all", "--die-with-parent"]
-    probe = subprocess.run(wrapper[:-1] + ["true"], capture_output=True)
+    probe = subprocess.run([a.replace("{cwd}", str(tmp_path)) for a in wrapper] + ["true"], capture_output=True)
     if probe.returncode != 0:
         pytest.skip("bwrap cannot create namespaces here")
     res = run_python("open('x.txt','w').write('1'); print(open('x.txt').read())", wrapper=wrapper)
     assert res.stdout.strip() == "1"
-    rec = run_hostile_suite(tmp_path, ["write_outside", "os_system"], wrapper=wrapper)
-    assert all(r["blocked"] for r in rec)
+    assert res.layers["wrapper"] and res.layers["landlock"] == _layers().get("landlock", 0)
+    rec = run_hostile_suite(tmp_path / "suite", ["write_outside", "os_system", "read_secret_file", "stat_probe"],
+                            wrapper=wrapper)
+    assert all(r["blocked"] for r in rec), rec
 
 
 _FORGE = (

@@ -92,6 +92,10 @@ VIOLATION_MARKER = "@@LLMTOOL-SANDBOX-VIOLATION@@"
 DISABLE_ENV = "LLMTOOL_SANDBOX_DISABLE"   # comma list of "landlock", "userns" (simulate missing layers)
 WRAPPER_ENV = "LLMTOOL_SANDBOX_CMD"       # default outer wrapper command for every command
 _REFUSED_RC = 122
+# an outer wrapper that works here (``{cwd}`` = the per-run sandbox dir; ``--proc`` lets the child still
+# create its own user/mount namespaces inside)
+BWRAP_EXAMPLE = ("bwrap --unshare-all --die-with-parent --ro-bind / / --dev /dev --proc /proc "
+                 "--bind {cwd} {cwd}")
 
 
 @dataclass(frozen=True)
@@ -211,7 +215,7 @@ def _boot():
         try:
             g = {}
             exec(compile(P["landlock_src"], "llmtool/core/landlock.py", "exec"), g)
-            R = g["READ_RIGHTS"] | g["EXECUTE"]
+            R = g["READ_RIGHTS"]
             work = -1 & ~(g["MAKE_CHAR"] | g["MAKE_BLOCK"] | g["IOCTL_DEV"])
             if not layers["mountns"]:
                 # no kernel byte cap on the host temp dir: no new files, only the ones written above
@@ -670,9 +674,8 @@ def _refusal(layers_rec: dict) -> None:
 
     raise UsageError(
         "refusing to run generated code: no kernel file-containment layer is available "
-        f"({layers_rec.get('refused') or 'Landlock and user/mount namespaces unavailable'}); run it inside a "
-        f"container or bubblewrap with --sandbox-cmd 'bwrap --unshare-all --die-with-parent --ro-bind / / "
-        f"--dev /dev --bind {{cwd}} {{cwd}}' (learn-program) or {WRAPPER_ENV}='...' (every command); "
+        f"({layers_rec.get('refused') or 'Landlock and user/mount namespaces unavailable'}); wrap it: "
+        f"--sandbox-cmd '{BWRAP_EXAMPLE}' (learn-program) or {WRAPPER_ENV}='...' (every command), "
         "see docs/security.md")
 
 
