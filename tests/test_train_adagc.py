@@ -395,3 +395,144 @@ def test_benchmark_forked_faulted_runs_equal_runs_from_scratch_and_are_kept_in_t
     kept = RunLog(runs_file, {"p": 1}, bench.run_key).done()
     assert set(kept) == set(by) and RunLog(runs_file, {"p": 2}, bench.run_key).done() == {}
     assert kept[("adamw", "adagc", "grad", 0)]["loss"] == by[("adamw", "adagc", "grad", 0)]["loss"]
+
+
+# ------------------------------------------------------------------------ non-finite steps, fp16, rebinding
+@pytest.mark.parametrize("policy", ["adagc", "global", "local-fixed", "zclip", "none"])
+def test_nonfinite_gradient_skips_the_update_and_keeps_the_state(policy):
+    """A NaN (or inf) gradient: no parameter or optimizer state moves, the policy's state (gamma, t, EMA) does
+    not advance, and the run then continues exactly like one that never saw that step."""
+    torch.manual_seed(4)
+    x, y = torch.randn(16, 4), torch.randn(16, 1)
+    kw = {"adagc": dict(adagc_warmup=1), "zclip": dict(zclip_warmup=1)}.get(policy, {})
+    cfg = CLIPPERS.build(policy, **kw)
+    runs = []
+    for poison in (False, True):
+        torch.manual_seed(5)
+        m = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Tanh(), torch.nn.Linear(8, 1))
+        c = cfg.build(m.named_parameters())
+        opt = torch.optim.AdamW(m.parameters(), lr=1e-2)
+        seen = []
+        attach_to_optimizer(opt, c, on_stats=seen.append)
+        for t in range(6):
+            opt.zero_grad()
+            torch.nn.functional.mse_loss(m(x), y).backward()
+            if poison and t == 3:
+                before = copy.deepcopy(m.state_dict()), copy.deepcopy(opt.state_dict()), copy.deepcopy(c.state_dict())
+                next(m.parameters()).grad[0, 0] = float("nan" if policy != "zclip" else "inf")
+                opt.step()  # the pre-step hook clips (skips), then the optimizer finds no gradient
+                st = seen[-1]
+                assert st.skipped and st.n_nonfinite == 1 and st.stage == "skipped"
+                assert all(p.grad is None for p in m.parameters())
+                after = m.state_dict(), opt.state_dict(), c.state_dict()
+                assert all(torch.equal(before[0][k], after[0][k]) for k in after[0])
+                assert before[2] == {**after[2], "skipped": 0} and after[2]["skipped"] == 1
+                assert all(math.isfinite(v) for v in getattr(c, "gamma", {}).values())
+                for s in opt.state.values():
+                    assert int(s["step"]) == 3
+                continue
+            opt.step()
+        runs.append((m, c))
+    (m0, c0), (m1, c1) = runs
+    assert c1.step == c0.step - 1 and c1.skipped == 1
+    # the skipped run did 5 updates, the clean one 6: same as a clean run of 5 updates
+    torch.manual_seed(5)
+    m5 = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Tanh(), torch.nn.Linear(8, 1))
+    c5 = cfg.build(m5.named_parameters())
+    o5 = torch.optim.AdamW(m5.parameters(), lr=1e-2)
+    attach_to_optimizer(o5, c5)
+    for _ in range(5):
+        o5.zero_grad()
+        torch.nn.functional.mse_loss(m5(x), y).backward()
+        o5.step()
+    assert all(torch.equal(a, b) for a, b in zip(m1.parameters(), m5.parameters()))
+
+
+def test_nan_gradient_used_to_poison_gamma_for_good():
+    """The regression of issue 41: after one NaN step gamma stays finite and clipping keeps working."""
+    ps = params_with_grads([3.0, 4.0], [1.0])
+    c = AdaGCClipper(ps, warmup=1, lambda_rel=1.0, eps=0.0)
+    c.clip_()
+    ps[0][1].grad = torch.tensor([float("nan"), 1.0], dtype=torch.float64)
+    ps[1][1].grad = torch.tensor([1.0], dtype=torch.float64)
+    assert c.clip_().skipped and math.isfinite(c.gamma["p0"]) and c.step == 1
+    prev = c.gamma["p0"]
+    assert prev == pytest.approx(5.0 / math.sqrt(26.0))          # warm-up reference, untouched by the NaN step
+    ps[0][1].grad = torch.tensor([30.0, 40.0], dtype=torch.float64)
+    ps[1][1].grad = torch.tensor([1.0], dtype=torch.float64)
+    st = c.clip_()
+    assert st.stage == "adaptive" and "p0" in st.clipped_names and c.step == 2
+    assert norms(ps)[0] == pytest.approx(prev, rel=1e-12)            # clipped to lambda_rel * gamma = gamma
+
+
+def test_canonical_names_drop_wrapper_prefixes():
+    from llmtool.train.adagc import canonical_name
+
+    assert canonical_name("module.model.layers.0.mlp.up_proj.weight") == "model.layers.0.mlp.up_proj.weight"
+    assert canonical_name("_orig_mod.module.lm_head.weight") == "lm_head.weight"
+    assert canonical_name("model._fsdp_wrapped_module.layers.0._checkpoint_wrapped_module.w") == "model.layers.0.w"
+    m = torch.nn.Linear(2, 2)
+    ddp_like = torch.nn.Module()
+    ddp_like.module = m
+    c = AdaGCClipper(ddp_like.named_parameters())
+    assert c.names == ["weight", "bias"]
+
+
+def test_clip_callback_rebinds_to_replaced_parameters_and_a_stale_clipper_refuses():
+    """FSDP2's fully_shard replaces parameters after the clipper was built: the callback rebinds (by name,
+    keeping gamma); a clipper used directly on stale parameters raises instead of clipping nothing."""
+    from transformers import TrainerControl, TrainerState, TrainingArguments
+
+    from llmtool.core.trainer import ClipCallback
+
+    torch.manual_seed(0)
+    m = torch.nn.Sequential(torch.nn.Linear(3, 3), torch.nn.Linear(3, 1))
+    c = AdaGCClipper(m.named_parameters(), warmup=0)
+    c.gamma = {n: 1e-3 for n, _ in m.named_parameters()}
+    for mod in m:  # "wrap": new Parameter objects with the same names
+        mod.weight = torch.nn.Parameter(mod.weight.detach().clone())
+        mod.bias = torch.nn.Parameter(mod.bias.detach().clone())
+    m(torch.randn(4, 3)).sum().backward()
+    with pytest.raises(RuntimeError, match="none of the 4 bound parameters has a gradient"):
+        c.clip_()
+    cb = ClipCallback(c)
+    args = TrainingArguments(output_dir="unused", report_to=[], use_cpu=True)
+    cb.on_pre_optimizer_step(args, TrainerState(), TrainerControl(), model=m, optimizer=None)
+    assert cb.last["n_tensors"] == 4 and cb.last["n_clipped"] == 4 and c.step == 1
+
+
+def test_fp16_grad_scaler_gradients_are_unscaled_before_clipping():
+    """accelerate's fp16 path (AcceleratedOptimizer with a GradScaler): the clipper must see the true
+    gradient, whether or not the Trainer unscaled it already for its grad-norm log; the scaler's own step
+    then neither unscales twice nor fails."""
+    from accelerate import Accelerator
+    from accelerate.optimizer import AcceleratedOptimizer
+    from transformers import TrainerControl, TrainerState, TrainingArguments
+
+    from llmtool.core.trainer import ClipCallback
+
+    args = TrainingArguments(output_dir="unused", report_to=[], use_cpu=True)
+    Accelerator(cpu=True)  # the state AcceleratedOptimizer reads (accelerate has no fp16 scaler on CPU: made here)
+    x, y = torch.randn(8, 4, generator=torch.Generator().manual_seed(0)), torch.randn(8, 1)
+    ref_norm = None
+    for already_unscaled in (None, False, True):
+        torch.manual_seed(1)
+        m = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Tanh(), torch.nn.Linear(8, 1))
+        loss = torch.nn.functional.mse_loss(m(x), y)
+        if already_unscaled is None:  # reference: no scaling at all
+            loss.backward()
+            ref_norm = math.sqrt(sum(float(p.grad.norm()) ** 2 for p in m.parameters()))
+            continue
+        scaler = torch.amp.GradScaler("cpu", init_scale=2.0 ** 12)
+        inner = torch.optim.SGD(m.parameters(), lr=0.1)
+        opt = AcceleratedOptimizer(inner, device_placement=False, scaler=scaler)
+        scaler.scale(loss).backward()
+        if already_unscaled:
+            scaler.unscale_(inner)
+        c = AdaGCClipper(m.named_parameters(), warmup=5, lambda_abs=1e9)
+        cb = ClipCallback(c)
+        cb.on_pre_optimizer_step(args, TrainerState(), TrainerControl(), model=m, optimizer=opt)
+        assert cb.last["grad_norm"] == pytest.approx(ref_norm, rel=1e-5)
+        w0 = m[0].weight.detach().clone()
+        opt.step()  # the scaler's step: no second unscale (that would raise), the update is applied once
+        assert not torch.equal(w0, m[0].weight)

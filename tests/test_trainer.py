@@ -180,3 +180,109 @@ def test_cli_sft_and_bad_jsonl(tiny_llama_dir, tmp_path):
     bad.write_text('{"prompt": "a", "completion": "b"}\n{"prompt": "a"}\n')
     code, _, err = run_cli("train", "sft", tiny_llama_dir, tmp_path / "o2", "--data", bad, "--steps", "1")
     assert code == 2 and "bad.jsonl:2" in err
+
+
+# ------------------------------------------------------------------------------ resume without unpickling
+class _Payload:
+    """Unpickling this creates the marker file (what a planted checkpoint would do with os.system)."""
+
+    def __init__(self, marker: str):
+        self.marker = marker
+
+    def __reduce__(self):
+        return (open, (self.marker, "w"))
+
+
+def _checkpoint(tiny_llama_dir, tmp_path):
+    corpus = tmp_path / "c.txt"
+    corpus.write_text((TINY_TEXT + "\n\n") * 6)
+    common = ["--data", corpus, "--tokenizer", tiny_llama_dir, "--layers", "1", "--d-model", "32", "--heads", "2",
+              "--steps", "3", "--batch-size", "2", "--max-length", "32", "--val-blocks", "2", "--clip", "adagc"]
+    code, _, err = run_cli("train", "pretrain", tmp_path / "a", *common, "--save-steps", "2")
+    assert code == 0, err
+    return tmp_path / "a" / "checkpoints" / "checkpoint-2", common
+
+
+def test_resume_refuses_planted_pickles_and_never_runs_them(tiny_llama_dir, tmp_path):
+    """Issue 39 (critical 2): `train pretrain|sft --resume DIR` checks DIR like a MODEL argument and reads the
+    Trainer's torch-saved state files without unpickling; a planted payload is refused (exit 2) and never runs."""
+    import pickle
+    import shutil
+
+    ck, common = _checkpoint(tiny_llama_dir, tmp_path)
+    marker = tmp_path / "payload-ran"
+    cases = {
+        "optimizer.pt": lambda p: torch.save({"state": {0: _Payload(str(marker))}, "param_groups": []}, p),
+        "rng_state.pth": lambda p: torch.save({"python": _Payload(str(marker))}, p),
+        "scheduler.pt": lambda p: p.write_bytes(pickle.dumps(_Payload(str(marker)))),   # legacy raw pickle
+        "extra.bin": lambda p: torch.save(_Payload(str(marker)), p),                    # any pickle file
+    }
+    for i, (name, plant) in enumerate(cases.items()):
+        bad = tmp_path / f"bad{i}"
+        shutil.copytree(ck, bad)
+        plant(bad / name)
+        assert not marker.exists()
+        out = tmp_path / f"o{i}"
+        code, _, err = run_cli("train", "pretrain", out, *common, "--resume", bad)
+        assert code == 2 and name in err and not out.exists(), (name, err)
+        assert not marker.exists(), name
+    # the same through `train sft --resume`, and as a real process (exit status 2, one error line)
+    from conftest import run_cli_subprocess
+
+    data = tmp_path / "d.jsonl"
+    data.write_text(json.dumps({"text": TINY_TEXT}) + "\n")
+    p = run_cli_subprocess("train", "sft", tiny_llama_dir, tmp_path / "s", "--data", data, "--steps", "1",
+                           "--resume", tmp_path / "bad0")
+    assert p.returncode == 2 and p.stderr.strip().count("\n") == 0 and "optimizer.pt" in p.stderr, p.stderr
+    assert not marker.exists() and not (tmp_path / "s").exists()
+
+
+def test_resume_runs_the_model_checks(tiny_llama_dir, tmp_path):
+    """Pickle-only weights, remote code and a broken safetensors header in a resume dir are refused like in a
+    MODEL argument (before this, `--resume` loaded with from_pretrained and no checks)."""
+    import shutil
+
+    ck, common = _checkpoint(tiny_llama_dir, tmp_path)
+    pk = tmp_path / "pickle-only"
+    shutil.copytree(ck, pk)
+    (pk / "model.safetensors").unlink()
+    torch.save({"x": torch.zeros(1)}, pk / "pytorch_model.bin")
+    rc = tmp_path / "remote"
+    shutil.copytree(ck, rc)
+    cfg = json.loads((rc / "config.json").read_text())
+    (rc / "config.json").write_text(json.dumps({**cfg, "auto_map": {"AutoModelForCausalLM": "x.Y"}}))
+    hd = tmp_path / "header"
+    shutil.copytree(ck, hd)
+    (hd / "model.safetensors").write_bytes(b"\xff" * 16)
+    st = tmp_path / "state"
+    shutil.copytree(ck, st)
+    (st / "trainer_state.json").write_text("[1, 2]")
+    for d, needle in ((pk, "safetensors"), (rc, "remote code"), (hd, "model.safetensors"), (st, "trainer state")):
+        code, _, err = run_cli("train", "pretrain", tmp_path / "o", *common, "--resume", d)
+        assert code == 2 and needle in err and not (tmp_path / "o").exists(), (d.name, err)
+    # a clean checkpoint still resumes
+    code, _, err = run_cli("train", "pretrain", tmp_path / "o", *common, "--resume", ck)
+    assert code == 0, err
+
+
+def test_transformers_trainer_loads_state_with_weights_only():
+    """The second line of defence: every torch.load in transformers' Trainer passes weights_only=True (a
+    transformers upgrade that drops it must fail here)."""
+    import inspect
+
+    import transformers.trainer as T
+
+    src = inspect.getsource(T)
+    calls = []
+    i = src.find("torch.load(")
+    while i >= 0:
+        depth, j = 0, i + len("torch.load")
+        while True:
+            depth += {"(": 1, ")": -1}.get(src[j], 0)
+            j += 1
+            if depth == 0:
+                break
+        calls.append(src[i:j])
+        i = src.find("torch.load(", j)
+    assert len(calls) >= 5
+    assert all("weights_only=True" in c for c in calls), [c for c in calls if "weights_only=True" not in c]

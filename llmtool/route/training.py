@@ -11,6 +11,12 @@ one run, ``L = L_lm(y+) + λ L_route(y+) + γ L_CDPO`` (γ = ``cdpo_weight`` = 1
 log-likelihood uses the selected expert's log-probs as a no-gradient bias. The reference is the
 stage-1 fused model; its sequence log-likelihoods are computed once before training. ``freeze_head``
 freezes the routing head (the paper's ablation only).
+
+Multi-process (``torchrun``/``accelerate launch``): each rank's loss terms are means over its own tokens,
+and DDP averages the ranks' gradients, which would weight a rank's tokens by 1 / (its own count). Each term
+is therefore rescaled by ``world x n_rank / n_all`` (counts all-reduced, no gradient), so N processes
+optimise the mean over all ranks' tokens, exactly what one process computes on the N-times larger batch
+(tested with 2 processes); the routing statistics are summed over ranks before they are reported.
 """
 from __future__ import annotations
 
@@ -33,6 +39,43 @@ class RouteLossArgs:
     cdpo_weight: float = 1.0            # CDPO term weight in the mixed stage-2 loss
     sft_weight: float = 1.0             # SFT/routing term weight in stage 2 (0 = pure CDPO)
     freeze_head: bool = False           # stage-2 ablation
+
+
+def _rank_share(count: torch.Tensor):
+    """``world * n_rank / n_all`` for a term that is a mean over this rank's ``count`` items (1 in a single
+    process): DDP's gradient average of the rescaled terms is the mean over all ranks' items."""
+    from llmtool.core import dist
+
+    if not dist.distributed():
+        return 1.0
+    import torch.distributed as tdist
+
+    if not tdist.is_initialized():
+        return 1.0
+    c = count.detach().float().reshape(1)
+    tot = c.clone()
+    tdist.all_reduce(tot)
+    if float(tot) == 0.0:
+        return 1.0
+    return (c / tot * tdist.get_world_size()).squeeze(0)
+
+
+def _reduced_stats(st: dict) -> dict:
+    """The routing statistics summed over ranks (the main process reports them)."""
+    from llmtool.core import dist
+
+    if not dist.distributed():
+        return st
+    import torch.distributed as tdist
+
+    if not tdist.is_initialized():
+        return st
+    t = torch.tensor([st["positions"], st["informative"], *st["share"]], dtype=torch.float64)
+    if tdist.get_backend() == "nccl":
+        t = t.cuda()
+    tdist.all_reduce(t)
+    v = [int(x) for x in t.cpu().tolist()]
+    return {**st, "positions": v[0], "informative": v[1], "share": v[2:]}
 
 
 class _RouteTrainerBase(Trainer):
@@ -66,8 +109,8 @@ class _RouteTrainerBase(Trainer):
             g = torch.stack([lp.gather(-1, targets[..., None]).squeeze(-1) for lp in lps])
             a = torch.stack([lp.argmax(-1) for lp in lps])
         m = L.informative_mask(a, valid, self.route_args.mask, targets)
-        l_lm = L.lm_loss(logits[:, :-1], self.vocab, targets, valid)
-        l_route = L.routing_loss(w[:, :-1], g, m)
+        l_lm = L.lm_loss(logits[:, :-1], self.vocab, targets, valid) * _rank_share(valid.sum())
+        l_route = L.routing_loss(w[:, :-1], g, m) * _rank_share(m.sum())
         self.route_stats["positions"] += int(valid.sum())
         self.route_stats["informative"] += int(m.sum())
         k = w[:, :-1].argmax(-1)[valid]
@@ -220,10 +263,14 @@ def train_cdpo(router, experts, tokenizer, vocab, pairs: Sequence[dict], targs, 
         res = trainer.train()
     router.head.requires_grad_(True)
     router.eval()
-    st = trainer.route_stats
+    st = _reduced_stats(trainer.route_stats)
+    cl = st.get("cdpo_losses") or []
+    from llmtool.core import dist
+
+    ends = dist.reduce_mean({"first": cl[0], "last": cl[-1]}) if cl else {"first": None, "last": None}
     return {"train_loss": float(res.training_loss), "steps": int(trainer.state.global_step),
             "seconds": round(time.time() - t0, 3), "pairs": len(rows),
-            "cdpo_loss_first": st.get("cdpo_losses", [None])[0], "cdpo_loss_last": st.get("cdpo_losses", [None])[-1],
+            "cdpo_loss_first": ends["first"], "cdpo_loss_last": ends["last"],
             "informative_fraction": st["informative"] / max(1, st["positions"])}
 
 
@@ -241,7 +288,7 @@ def train_sft(router, experts, tokenizer, vocab, examples: Sequence[dict], targs
 
     res = sft(router, tokenizer, examples, targs, callbacks=callbacks, trainer_cls=_Keep,
               route_experts=experts, vocab=vocab, route_args=rargs)
-    st = holder["t"].route_stats
+    st = _reduced_stats(holder["t"].route_stats)
     tot = max(1, sum(st["share"]))
     return {"train_loss": res["train_loss"], "steps": res["steps"], "seconds": res["seconds"],
             "examples": res["examples"], "informative_fraction": st["informative"] / max(1, st["positions"]),
