@@ -48,14 +48,18 @@ def total_memory_mb() -> int:
 
 CORES = "cores"          # processes and threads: at most the cores this process may use
 MEMORY_MB = "memory"     # a memory size in MiB: at most the machine's physical memory
-IN_FLIGHT = 1024         # concurrent requests/episodes (threads that mostly wait on a remote endpoint)
-BATCH = 1 << 16          # items per forward pass / optimizer step
-TOKENS = 1 << 20         # a sequence length or a token budget per item (1M tokens)
-ITEMS = 10_000_000       # items to draw, generate or keep in memory
-DIM = 1 << 16            # a model width for models built from scratch
-DEPTH = 4096             # layers, heads, ranks of models built from scratch
+IN_FLIGHT, BATCH, TOKENS, ITEMS, DIM, DEPTH = "in-flight", "batch", "tokens", "items", "dim", "depth"
+# kind -> (upper bound, what it bounds)
+LIMITS: dict[str, tuple[int, str]] = {
+    IN_FLIGHT: (1024, "requests in flight (threads that wait on an endpoint)"),
+    BATCH: (1 << 16, "batch sizes"),
+    TOKENS: (1 << 20, "lengths in tokens"),
+    ITEMS: (10_000_000, "item counts kept in memory"),
+    DIM: (1 << 16, "widths of models built from scratch"),
+    DEPTH: (4096, "depths, heads and ranks"),
+}
 
-COUNT_BOUNDS: dict[str, int | str] = {
+COUNT_BOUNDS: dict[str, str] = {
     **dict.fromkeys(("threads", "workers", "num_workers", "num_proc", "processes", "jobs"), CORES),
     **dict.fromkeys(("concurrency",), IN_FLIGHT),
     **dict.fromkeys(("mem_mb",), MEMORY_MB),
@@ -88,7 +92,8 @@ def count_bound(name: str) -> tuple[int, str] | None:
     if kind == MEMORY_MB:
         n = total_memory_mb()
         return n, f"this machine's {n} MiB of memory"
-    return int(kind), "a sane upper bound for this count"
+    bound, what = LIMITS[kind]
+    return bound, f"the bound on {what} in llmtool/core/options.py"
 
 
 def check_count(flag: str, name: str, value) -> None:
