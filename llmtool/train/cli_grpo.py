@@ -76,6 +76,12 @@ def grpo(
     logp_chunk: Annotated[Optional[int], typer.Option("--logp-chunk", help="Sequence positions per chunk of the "
                                                       "selective log-softmax (default: auto, ~64 MB of fp32 "
                                                       "logits; 0 = full-vocabulary reference).")] = None,
+    engine: Annotated[str, typer.Option("--engine", help="home (llmtool's loop, the reference) or trl (TRL's "
+                                        "GRPOTrainer: vLLM with weight sync on GPUs, model.generate on CPU).")] = "home",
+    vllm: Annotated[str, typer.Option("--vllm", help="--engine trl: none (model.generate), server (a `trl "
+                                      "vllm-serve` server) or colocate (vLLM inside each process).")] = "none",
+    vllm_server_url: Annotated[Optional[str], typer.Option("--vllm-server-url", help="--vllm server: the server's "
+                                                           "base URL (default http://localhost:8000).")] = None,
     overwrite: Overwrite = False,
     shaping: MethodConfig = None,  # type: ignore[assignment]
 ) -> None:
@@ -108,6 +114,27 @@ def grpo(
     settings.validate()
     if rollout_endpoint and not rollout_model:
         raise UsageError("--rollout-endpoint needs --rollout-model (the model name on the server)")
+    if engine not in ("home", "trl"):
+        raise UsageError(f"--engine {engine!r}: choose home or trl")
+    from llmtool.train.grpo_trl import VLLM_MODES, check_mappable
+
+    if vllm not in VLLM_MODES:
+        raise UsageError(f"--vllm {vllm!r}: choose one of {', '.join(VLLM_MODES)}")
+    if engine == "home" and (vllm != "none" or vllm_server_url):
+        raise UsageError("--vllm/--vllm-server-url apply only with --engine trl (the home loop samples locally "
+                         "or from --rollout-endpoint)")
+    if vllm_server_url and vllm != "server":
+        raise UsageError("--vllm-server-url needs --vllm server")
+    if engine == "trl":
+        check_mappable(settings, shaping=shaping.name, rollout_endpoint=rollout_endpoint, save_every=save_every,
+                       resume=resume)
+        import importlib.util
+
+        if importlib.util.find_spec("trl") is None:
+            raise UsageError("--engine trl: TRL is not installed (pip install trl)")
+        if vllm != "none" and importlib.util.find_spec("vllm") is None:
+            raise UsageError(f"--vllm {vllm}: vLLM is not installed here (GPU machines: pip install vllm; server "
+                             "mode also needs `trl vllm-serve --model MODEL` running)")
     if allow_stale_rollouts and not rollout_endpoint:
         raise UsageError("--allow-stale-rollouts applies only with --rollout-endpoint")
     if rollout_endpoint and steps > 1 and not allow_stale_rollouts:
@@ -125,7 +152,9 @@ def grpo(
         check_resume_dir(start)  # the checks a MODEL argument gets; a pickle file is refused, never opened
     config = {"method": "grpo", "reward": rcfg.as_dict(), "shaping": shaping.as_dict(),
               **{k: v for k, v in vars(settings).items()}, "data": str(data),
-              "rollout_endpoint": rollout_endpoint, "rollout_model": rollout_model}
+              "rollout_endpoint": rollout_endpoint, "rollout_model": rollout_model, "engine": engine}
+    if engine == "trl":
+        config["vllm"] = vllm
     if rollout_endpoint:
         config["rollout_weights"] = ("server's own, never synced: phases after the first are stale"
                                      if steps > 1 else "server's own (one phase: the initial policy)")
@@ -154,54 +183,85 @@ def grpo(
         if tok.pad_token_id is None:
             tok.pad_token = tok.eos_token
         ref = None
-        if kl_coef > 0 or getattr(shaping, "needs_ref", False):
-            ref = copy.deepcopy(policy).eval()
+        if engine == "home" and (kl_coef > 0 or getattr(shaping, "needs_ref", False)):
+            ref = copy.deepcopy(policy).eval()  # (TRL builds its own reference)
         policy.train()
-        rollout_fn = _endpoint_rollouts(rollout_endpoint, rollout_model, tok) if rollout_endpoint else None
-        metrics = j.dir / "metrics.jsonl"
+        if engine == "trl":
+            summary = _run_trl(j, policy, tok, rows, settings, rcfg, vllm, vllm_server_url, main)
+        else:
+            rollout_fn = _endpoint_rollouts(rollout_endpoint, rollout_model, tok) if rollout_endpoint else None
+            metrics = j.dir / "metrics.jsonl"
 
-        def on_step(rec: dict) -> None:
-            info(f"grpo phase {rec['phase'] + 1}/{steps}: reward {rec.get('reward_mean', 0):.3f} "
-                 f"clip {rec.get('clip_frac', 0):.3f} marker {rec.get('marker_freq', float('nan')):.2f} "
-                 f"{rec.get('phase_seconds', 0):.1f} s")
+            def on_step(rec: dict) -> None:
+                info(f"grpo phase {rec['phase'] + 1}/{steps}: reward {rec.get('reward_mean', 0):.3f} "
+                     f"clip {rec.get('clip_frac', 0):.3f} marker {rec.get('marker_freq', float('nan')):.2f} "
+                     f"{rec.get('phase_seconds', 0):.1f} s")
 
-        loop = GRPOTrainerLoop(policy, tok, rows, settings, make_reward_fn(rcfg, settings.seed), shaper=shaping,
-                               ref_model=ref, rollout_fn=rollout_fn, metrics_path=metrics,
-                               checkpoint_dir=ckpt_root if save_every else None, on_step=on_step)
-        loop.config_record = config  # stored in checkpoints for --resume checks
-        if rollout_endpoint:
-            loop.stale_rollouts = True  # each record says how many phases the server's weights lag behind
-        if start is not None:
-            loop.load_checkpoint(start)
+            loop = GRPOTrainerLoop(policy, tok, rows, settings, make_reward_fn(rcfg, settings.seed), shaper=shaping,
+                                   ref_model=ref, rollout_fn=rollout_fn, metrics_path=metrics,
+                                   checkpoint_dir=ckpt_root if save_every else None, on_step=on_step)
+            loop.config_record = config  # stored in checkpoints for --resume checks
+            if rollout_endpoint:
+                loop.stale_rollouts = True  # each record says how many phases the server's weights lag behind
+            if start is not None:
+                loop.load_checkpoint(start)
+                if main:
+                    with open(metrics, "w") as fh:
+                        for r in loop.history:
+                            fh.write(json.dumps(r) + "\n")
+                    info(f"grpo: resumed from {start} (phase {loop.phase})")
+            torch.manual_seed(settings.seed)
+            hist = loop.train()
+            firsts = [h for h in hist if h.get("update_in_phase") == 0]
+            summary = {
+                "phases": loop.phase, "optimizer_steps": loop.step, "updates_per_phase": loop.n_updates,
+                "processes": loop.world,
+                "reward_first": firsts[0]["reward_mean"] if firsts else None,
+                "reward_last": firsts[-1]["reward_mean"] if firsts else None,
+                "clip_frac_mean": sum(h["clip_frac"] for h in hist) / max(len(hist), 1),
+                "marker_first": firsts[0].get("marker_freq") if firsts else None,
+                "marker_last": firsts[-1].get("marker_freq") if firsts else None,
+                "resumed_from": str(start) if start is not None else None,
+            }
             if main:
-                with open(metrics, "w") as fh:
-                    for r in loop.history:
-                        fh.write(json.dumps(r) + "\n")
-                info(f"grpo: resumed from {start} (phase {loop.phase})")
-        torch.manual_seed(settings.seed)
-        hist = loop.train()
-        firsts = [h for h in hist if h.get("update_in_phase") == 0]
-        summary = {
-            "phases": loop.phase, "optimizer_steps": loop.step, "updates_per_phase": loop.n_updates,
-            "processes": loop.world,
-            "reward_first": firsts[0]["reward_mean"] if firsts else None,
-            "reward_last": firsts[-1]["reward_mean"] if firsts else None,
-            "clip_frac_mean": sum(h["clip_frac"] for h in hist) / max(len(hist), 1),
-            "marker_first": firsts[0].get("marker_freq") if firsts else None,
-            "marker_last": firsts[-1].get("marker_freq") if firsts else None,
-            "resumed_from": str(start) if start is not None else None,
-        }
-        if main:
-            final = loop.acc.unwrap_model(loop.model)
-            final.save_pretrained(j.dir, safe_serialization=True)
-            tok.save_pretrained(j.dir)
-            j.report.update(summary)
+                final = loop.acc.unwrap_model(loop.model)
+                final.save_pretrained(j.dir, safe_serialization=True)
+                tok.save_pretrained(j.dir)
+                j.report.update(summary)
     dist.wait_for_everyone()  # OUT is complete (renamed by the main process) before any process exits
     if not main:
         return
     if not keep_checkpoints and ckpt_root.is_dir() and save_every:
         shutil.rmtree(ckpt_root, ignore_errors=True)
     emit({"out": str(out), **summary}, title="train grpo")
+
+
+def _run_trl(j, policy, tok, rows, settings, rcfg, vllm: str, vllm_server_url: str | None, main: bool) -> dict:
+    """``--engine trl``: the run through TRL's GRPOTrainer (:mod:`llmtool.train.grpo_trl`); the trained model,
+    metrics.jsonl (one line per optimizer step, home-loop key names where they mean the same) and the summary."""
+    from llmtool.train.grpo import updates_per_phase
+    from llmtool.train.grpo_trl import MetricsWriter, build_trainer
+
+    updates = updates_per_phase(settings.prompts_per_rollout * settings.group_size, settings.mini_batch)
+    writer = MetricsWriter(j.dir / "metrics.jsonl" if main else None, updates)
+    trainer = build_trainer(policy, tok, rows, settings, rcfg, output_dir=str(j.dir / "trl-scratch"), vllm=vllm,
+                            vllm_server_url=vllm_server_url, callbacks=[writer.callback])
+    trainer.train()
+    hist = writer.records
+    firsts = [h for h in hist if h.get("update_in_phase") == 0]
+    summary = {"engine": "trl", "vllm": vllm, "phases": settings.steps, "optimizer_steps": trainer.state.global_step,
+               "updates_per_phase": updates, "processes": trainer.accelerator.num_processes,
+               "reward_first": firsts[0].get("reward_mean") if firsts else None,
+               "reward_last": firsts[-1].get("reward_mean") if firsts else None,
+               "clip_frac_mean": (sum(h.get("clip_frac", 0.0) for h in hist) / len(hist)) if hist else None}
+    if main:
+        import shutil
+
+        shutil.rmtree(j.dir / "trl-scratch", ignore_errors=True)
+        trainer.accelerator.unwrap_model(trainer.model).save_pretrained(j.dir, safe_serialization=True)
+        tok.save_pretrained(j.dir)
+        j.report.update(summary)
+    return summary
 
 
 @contextlib.contextmanager

@@ -360,6 +360,32 @@ def _full_logps(model, ids, att, temperature, with_entropy, with_hidden) -> dict
     return res
 
 
+def rollout_loss(model, chunk: Sequence[Rollout], ids: torch.Tensor, att: torch.Tensor, resp: torch.Tensor,
+                 s: GRPOSettings, n_seqs: int, n_tokens: int, use_ref: bool = False):
+    """The home loop's loss of one micro-batch (its share of the mini-batch mean; ``n_seqs``/``n_tokens`` are
+    the mini-batch totals): surrogate + β·KL − entropy bonus, aggregated by ``s.loss_agg``. Returns
+    ``(loss, sequence_logps output, surrogate stats, per-token KL or None)``."""
+    out = sequence_logps(model, ids, att, s.temperature, with_entropy=True, chunk=s.logp_chunk)
+    logp = out["logp"]
+    old = torch.zeros_like(logp)
+    adv = torch.zeros(logp.shape, dtype=logp.dtype, device=logp.device)
+    for i, r in enumerate(chunk):
+        old[i][resp[i]] = r.extra["old_logp"].to(old.device)
+        adv[i][resp[i]] = r.advantage
+    obj, st = token_surrogate(logp, old, adv, s.loss_type, s.clip_eps, s.clip_eps_high)
+    per_tok = -obj
+    kl = None
+    if use_ref:
+        ref = torch.zeros_like(logp)
+        for i, r in enumerate(chunk):
+            ref[i][resp[i]] = r.extra["ref_logp"].to(ref.device)
+        kl = kl_k3(logp, ref)
+        per_tok = per_tok + s.kl_coef * kl
+    if s.entropy_coef > 0:
+        per_tok = per_tok - s.entropy_coef * out["entropy"]
+    return aggregate(per_tok, resp, s.loss_agg, n_seqs, n_tokens, s.max_new_tokens), out, st, kl
+
+
 # ------------------------------------------------------------------------------------ the loop
 class GRPOTrainerLoop:
     """One GRPO run: rollouts → rewards → (shaped) advantages → mini-batched clipped updates.
@@ -643,27 +669,8 @@ class GRPOTrainerLoop:
             sync = mi == len(micro) - 1
             ctx = self.acc.no_sync(model) if (not sync and self.world > 1) else _null()
             with ctx:
-                out = sequence_logps(model, ids, att, s.temperature, with_entropy=True, chunk=s.logp_chunk)
-                logp = out["logp"]
-                old = torch.zeros_like(logp)
-                adv = torch.zeros(logp.shape, dtype=logp.dtype, device=logp.device)
-                ref = None
-                for i, r in enumerate(chunk):
-                    old[i][resp[i]] = r.extra["old_logp"].to(old.device)
-                    adv[i][resp[i]] = r.advantage
-                if s.kl_coef > 0 and self.ref_model is not None:
-                    ref = torch.zeros_like(logp)
-                    for i, r in enumerate(chunk):
-                        ref[i][resp[i]] = r.extra["ref_logp"].to(ref.device)
-                obj, st = token_surrogate(logp, old, adv, s.loss_type, s.clip_eps, s.clip_eps_high)
-                per_tok = -obj
-                kl = None
-                if ref is not None:
-                    kl = kl_k3(logp, ref)
-                    per_tok = per_tok + s.kl_coef * kl
-                if s.entropy_coef > 0:
-                    per_tok = per_tok - s.entropy_coef * out["entropy"]
-                loss = aggregate(per_tok, resp, s.loss_agg, n_seqs, n_tokens, s.max_new_tokens)
+                loss, out, st, kl = rollout_loss(model, chunk, ids, att, resp, s, n_seqs, n_tokens,
+                                                 use_ref=s.kl_coef > 0 and self.ref_model is not None)
                 # DDP averages gradients over ranks: scale back to the sum of the ranks' shares
                 self.acc.backward(loss * (0.0 if dummy else float(self.world)))
             if dummy:
