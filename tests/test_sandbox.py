@@ -437,3 +437,19 @@ def test_cli_refuses_with_one_error_line_and_the_wrapper_is_the_way_out(tmp_path
     p = run_cli_subprocess("learn-program", tmp_path / "c", "--data", d, "--proposer", f"replay:{replay}",
                            env={**off, WRAPPER_ENV: env}, timeout=300)
     assert p.returncode == 0, p.stderr
+
+
+@linux_only
+def test_the_suite_detects_escapes_when_the_kernel_layers_are_off(tmp_path, monkeypatch):
+    """The hostile programs are real attacks: under a no-op wrapper with both kernel layers disabled they
+    escape -- with the audit hook off all of them, with it on still the hook-tampering ones (PEP 578)."""
+    monkeypatch.setenv(DISABLE_ENV, "landlock,userns")
+    env = [shutil.which("env")]
+    names = ["write_outside", "read_secret_file", "hook_tamper_traceback", "subclasses_traversal", "gc_traversal",
+             "hard_link", "stat_probe", "disk_fill", "inode_fill"]
+    records = run_hostile_suite(tmp_path / "off", names, wrapper=env, audit_hook=False)
+    assert [r["name"] for r in records if r["blocked"]] == [], records
+    assert all(r["layers"]["wrapper"] and not r["layers"]["landlock"] and not r["layers"]["mountns"]
+               for r in records)
+    records = run_hostile_suite(tmp_path / "hook", ["hook_tamper_traceback", "stat_probe"], wrapper=env)
+    assert [r["name"] for r in records if r["blocked"]] == [], records
