@@ -340,8 +340,8 @@ def test_cli_unsupported_architecture_exit_2_no_traceback(tmp_path, tiny_llama_d
     r = run_cli_subprocess("quantize", "--method", "quarot", bad, tmp_path / "o")
     assert r.returncode == 2
     assert "Traceback" not in r.stderr and len(r.stderr.strip().splitlines()) == 1
-    cfg["architectures"] = ["Qwen3ForCausalLM"]
-    cfg["model_type"] = "qwen3"
+    cfg["architectures"] = ["OlmoForCausalLM"]   # a causal LM of a family core.arch does not know
+    cfg["model_type"] = "olmo"
     (bad / "config.json").write_text(json.dumps(cfg))
     code, _, err = run_cli("quantize", bad, tmp_path / "o2")
     assert code == 2 and "unsupported architecture" in err

@@ -23,15 +23,16 @@ from typing import Iterator
 
 import torch
 
-from llmtool.core.arch import input_source, linear_names
+from llmtool.core.arch import input_source, module_names
 from llmtool.core.calib import InputStatistics, replay_layers
 from llmtool.core.console import progress
 from llmtool.core.hooks import forward_hooks
 
 
 def target_names(model) -> list[list[str]]:
-    """Full names of the target Linear modules (every block role), grouped by decoder layer."""
-    return linear_names(model)
+    """Full names of the target Linear modules (every block Linear; a fused ``qkv_proj``/``gate_up_proj`` is one
+    target and gets one low-rank factorisation), grouped by decoder layer."""
+    return module_names(model)
 
 
 def statistics_source(name: str) -> str:

@@ -24,6 +24,11 @@ def check_config(src, config: dict) -> None:
     if "llmtool_quant" in config:
         raise UsageError(f"{src}: a quantized checkpoint of `llmtool quantize`; compress needs full-precision "
                          "weights (compress the original model instead)")
+    from llmtool.core import arch
+
+    if arch.is_supported(config) and arch.arch_of(config).experts is not None:
+        arch.refuse("compress", arch.arch_of(config).family, arch.P_EXPERTS,
+                    "its experts are 3-D tensors, not Linears; per-expert low-rank factors are not built")
 
 
 def compress(model_arg: str, out: Path, cfg: CompressConfig, overwrite: bool = False,

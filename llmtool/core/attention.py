@@ -164,14 +164,9 @@ def transform(model, name: str, fn: Callable, modules: Iterable | None = None, o
                 cfg._attn_implementation = implementation_name(base)
 
 
-def projection(module, role: str) -> torch.nn.Module:
-    """The ``q``/``k``/``v``/``o`` projection of one attention module (names from core.arch)."""
+def projection(module, role: str):
+    """The ``q``/``k``/``v``/``o`` projection of one attention module (names from core.arch; a role of a
+    fused ``qkv_proj`` is a callable view of its rows)."""
     from llmtool.core import arch
 
-    spec = arch.arch_of(module.config, "attention")
-    path = spec.linear_path(role)
-    prefix = spec.attention + "."
-    found = module
-    for part in (path[len(prefix):] if path.startswith(prefix) else path).split("."):
-        found = getattr(found, part)
-    return found
+    return arch.attention_role(module, role)

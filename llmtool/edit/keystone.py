@@ -31,6 +31,7 @@ from typing import Iterator
 import torch
 
 from llmtool.core.console import UsageError, progress
+from llmtool.core import arch
 from llmtool.core.arch import ROLES, decoder_layers, linear
 
 # neuron family -> block role of the module holding it (``ffn``: the down_proj input channels)
@@ -54,13 +55,30 @@ class Neuron:
         return (self.family, self.layer, self.channel)
 
 
+def site(model, family: str, layer: int) -> tuple[torch.nn.Linear, int, int]:
+    """(module, first channel, width) of a neuron family in ``layer``: the role's own Linear (offset 0), or
+    the fused ``qkv_proj`` / ``gate_up_proj`` holding it with the role's row offset (Phi-3). An MoE layer's
+    MLP families are refused (its experts are tensors, not Linears)."""
+    block = decoder_layers(model)[layer]
+    spec = arch.arch_of_layer(block)
+    role = MODULES[family]
+    if role in arch.MLP_ROLES and arch.is_moe_layer(block, spec):
+        arch.refuse("edit keystone", spec.family, arch.P_EXPERTS,
+                    f"layer {layer}'s MLP neurons live in per-expert tensors; pass --families q,k,v,o")
+    hit = spec.fused_of(role)
+    if hit is None:
+        m = linear(block, role, spec)
+        return m, 0, (m.in_features if family == "ffn" else m.out_features)
+    name, sl = arch.role_slices(arch.layer_config(block), spec)[role]
+    return block.get_submodule(spec.module_path(name)), sl.start, sl.stop - sl.start
+
+
 def module_of(model, family: str, layer: int) -> torch.nn.Linear:
-    return linear(decoder_layers(model)[layer], MODULES[family])
+    return site(model, family, layer)[0]
 
 
 def width(model, family: str, layer: int) -> int:
-    m = module_of(model, family, layer)
-    return m.in_features if family == "ffn" else m.out_features
+    return site(model, family, layer)[2]
 
 
 def parse_families(text: str) -> list[str]:
@@ -80,19 +98,21 @@ def probe_activations(model, token_ids: list[torch.Tensor], families: list[str],
     out = {f: torch.zeros(len(token_ids), n_layers, width(model, f, 0), dtype=torch.float64) for f in families}
     current = {"p": 0}
 
-    def record(f, l, y):
+    def record(f, l, y, off, w):
         y = y[0] if y.dim() == 3 else y
         y = y[1:] if skip_first_token else y
-        out[f][current["p"], l] = y.abs().double().mean(0).cpu()
+        out[f][current["p"], l] = y[..., off:off + w].abs().double().mean(0).cpu()
 
     handles = []
     for f in families:
         for l in range(n_layers):
-            m = module_of(model, f, l)
+            m, off, w = site(model, f, l)
             if f == "ffn":
-                handles.append(m.register_forward_pre_hook(lambda mod, i, f=f, l=l: record(f, l, i[0])))
+                handles.append(m.register_forward_pre_hook(
+                    lambda mod, i, f=f, l=l, off=off, w=w: record(f, l, i[0], off, w)))
             else:
-                handles.append(m.register_forward_hook(lambda mod, i, o, f=f, l=l: record(f, l, o)))
+                handles.append(m.register_forward_hook(
+                    lambda mod, i, o, f=f, l=l, off=off, w=w: record(f, l, o, off, w)))
     try:
         for p, ids in enumerate(progress(token_ids, "probing")):
             current["p"] = p
@@ -150,8 +170,8 @@ def ablated(model, neurons: list[Neuron]) -> Iterator[None]:
     """Zero the neurons' channels with hooks (on clones) for the duration of the block."""
     handles = []
     for (f, l), chans in group_channels(neurons).items():
-        m = module_of(model, f, l)
-        idx = torch.tensor(sorted(set(chans)), device=m.weight.device)
+        m, off, _ = site(model, f, l)
+        idx = torch.tensor(sorted(set(chans)), device=m.weight.device) + off
         if f == "ffn":
             def pre(mod, inputs, idx=idx):
                 x = inputs[0].clone()

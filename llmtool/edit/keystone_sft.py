@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 import torch
 
-from llmtool.edit.keystone import Neuron, group_channels, mean_ppl, module_of
+from llmtool.edit.keystone import Neuron, group_channels, mean_ppl, module_of, site  # noqa: F401
 
 
 @dataclass
@@ -63,12 +63,13 @@ class RowDeltas:
         wanted: dict[tuple[int, str], tuple[torch.nn.Linear, set]] = {}
         for (f, l), chans in group_channels(neurons).items():
             if f == "ffn":
-                parts = [(module_of(model, "gate", l), "rows"), (module_of(model, "up", l), "rows"),
-                         (module_of(model, "down", l), "cols")]
+                parts = [(site(model, "gate", l), "rows"), (site(model, "up", l), "rows"),
+                         (site(model, "down", l), "cols")]
             else:
-                parts = [(module_of(model, f, l), "rows")]
-            for m, kind in parts:
-                wanted.setdefault((id(m), kind), (m, set()))[1].update(chans)
+                parts = [(site(model, f, l), "rows")]
+            for (m, off, _), kind in parts:   # off: the role's first row in a fused qkv_proj / gate_up_proj
+                wanted.setdefault((id(m), kind), (m, set()))[1].update(c + (off if kind == "rows" else 0)
+                                                                       for c in chans)
         names = {id(m): n for n, m in model.named_modules()}
         self.entries = []  # (module, kind, index, weight delta, bias delta or None)
         self.names: list[str] = []

@@ -18,7 +18,17 @@ from llmtool.core.hooks import hidden_of, with_hidden
 
 
 def down_proj(model, layer: int) -> torch.nn.Linear:
-    return linear(decoder_layers(model)[layer], "down")
+    """The MLP down projection of decoder ``layer`` (refused, by layout property, where the edit methods
+    cannot write it: an MoE layer's per-expert tensors)."""
+    from llmtool.core import arch
+
+    block = decoder_layers(model)[layer]
+    if arch.is_moe_layer(block):
+        spec = arch.arch_of_layer(block)
+        arch.refuse("edit (MEMIT/AlphaEdit)", spec.family, arch.P_EXPERTS,
+                    f"layer {layer}'s down projection is one of {arch.n_experts(block)} routed experts, chosen "
+                    "per token; the single key -> value least-squares edit has no one matrix to write")
+    return linear(block, "down")
 
 
 @contextmanager
@@ -47,7 +57,9 @@ def scatter_at(hidden: torch.Tensor, positions: torch.Tensor, values: torch.Tens
 @torch.no_grad()
 def capture_at(model, batch: dict, positions: torch.Tensor, layers: list[int], what: str) -> dict[int, torch.Tensor]:
     """For each layer, the vector at ``positions`` of either the layer output (``what='out'``,
-    d_model) or the down_proj input (``what='key'``, d_ff); returns {layer: [batch, dim]}."""
+    d_model), the down_proj input (``what='key'``, d_ff) or the down_proj output (``what='value'``,
+    d_model; differs from the MLP's contribution when the family has a post-feedforward norm);
+    returns {layer: [batch, dim]}."""
     got: dict[int, torch.Tensor] = {}
     rows = torch.arange(positions.shape[0])
     handles = []
@@ -55,6 +67,9 @@ def capture_at(model, batch: dict, positions: torch.Tensor, layers: list[int], w
         if what == "out":
             h = decoder_layers(model)[l].register_forward_hook(
                 lambda m, i, o, l=l: got.__setitem__(l, hidden_of(o)[rows, positions].detach()))
+        elif what == "value":
+            h = down_proj(model, l).register_forward_hook(
+                lambda m, i, o, l=l: got.__setitem__(l, o[rows, positions].detach()))
         else:
             h = down_proj(model, l).register_forward_hook(
                 lambda m, i, o, l=l: got.__setitem__(l, i[0][rows, positions].detach()))

@@ -30,6 +30,7 @@ import torch
 from llmtool.core.console import info, progress
 from llmtool.core.registry import Registry
 from llmtool.edit.anchors import ANCHORS, ZConfig, bare_batch, compute_z_batch, fill, forward_replay
+from llmtool.core.arch import decoder_layers
 from llmtool.edit.layerio import capture_at, down_proj
 from llmtool.edit.prompts import pad_batch, subject_last_index
 from llmtool.edit.requests import EditRequest
@@ -138,6 +139,41 @@ def compute_targets(model, tok, requests: list[EditRequest], cfg: EditConfig, te
     return {l: v.double().cpu() for l, v in forward_replay(model, tok, requests, z, layers).items()}, logs
 
 
+@torch.no_grad()
+def through_post_norm(model, tok, requests: list[EditRequest], layer: int, Rs: torch.Tensor) -> torch.Tensor:
+    """The down_proj-output residuals that move layer ``layer``'s output by ``Rs`` ([n, d_model]).
+
+    Without a post-feedforward norm (Llama, Qwen, Phi-3) the down projection writes the residual
+    stream directly and this is ``Rs``. With one (Gemma 2/3 sandwich norms, ``N(y) = g ⊙ y / rms_ε(y)``
+    with g = 1 + w) the MLP's contribution is ``N(y)``, so the target ``N(y) + Rs`` is mapped back to a
+    down_proj output [derived here]: ``t = (N(y) + Rs) / g`` must equal ``y* / sqrt(rms(y*)² + ε)``, so
+    ``y* = c · t / ρ`` with ``ρ = rms(t)`` and ``c / sqrt(c² + ε) = ρ``, i.e. ``c = ρ sqrt(ε / (1 − ρ²))``;
+    the residual is ``y* − y``. A target with ``ρ ≥ 1`` is unreachable (an RMSNorm output divided by its
+    gain has RMS below 1): when ``1 − ρ² ≤ 1e-6`` the scale is taken as y's RMS (N is scale-invariant there
+    to within ε / c²), so the edit hits the target's direction and MEMIT's logged remaining-residual ratio
+    measures the rest. Exact for reachable targets (tests/test_families.py)."""
+    from llmtool.core import arch
+
+    block = decoder_layers(model)[layer]
+    norm = arch.mlp_out_norm(block)
+    if norm is None:
+        return Rs
+    device = next(model.parameters()).device
+    batch, pos = bare_batch(tok, requests, device)
+    y = capture_at(model, batch, pos, [layer], "value")[layer].double().cpu()
+    g = arch.norm_gain(norm, arch.arch_of_layer(block)).detach().double().cpu()
+    eps = float(getattr(norm, "eps", getattr(norm, "variance_epsilon", 1e-6)))
+    r = y.pow(2).mean(-1, keepdim=True).sqrt()
+    t = (g * y / (r.pow(2) + eps).sqrt() + Rs.double()) / g
+    rho = t.pow(2).mean(-1, keepdim=True).sqrt()
+    # exact pre-image scale c (c / sqrt(c² + ε) = ρ) where well conditioned, else y's own RMS (N is then
+    # scale-invariant to within ε / c²)
+    gap = (1 - rho.pow(2)).clamp(min=0)
+    c = torch.where(gap > 1e-6, rho * (eps / gap.clamp(min=1e-300)).sqrt(), r)
+    y_star = c * t / rho
+    return (y_star - y).to(Rs.dtype)
+
+
 def edit_batch(model, tok, requests: list[EditRequest], cfg: EditConfig, templates: list[str],
                solvers: dict, C_prev: dict[int, torch.Tensor], targets: dict[int, torch.Tensor] | None = None
                ) -> dict:
@@ -160,6 +196,7 @@ def edit_batch(model, tok, requests: list[EditRequest], cfg: EditConfig, templat
         else:
             cur = hidden_at(model, tok, requests, [l])[l]
             Rs = targets[l] - cur
+        Rs = through_post_norm(model, tok, requests, l, Rs)
         dW = solvers[l].delta(K, Rs.T, C_prev[l])
         W = down_proj(model, l).weight
         with torch.no_grad():

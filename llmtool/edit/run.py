@@ -110,6 +110,10 @@ def run_edit(model_arg: str, requests: list[EditRequest], out: Path, cfg: EditCo
         model = j.model  # the global --dtype (statistics and solves are float64 regardless)
         arch_of(model, "llmtool edit")
         cfg.layers = check_layers(cfg.layers, len(decoder_layers(model)))
+        from llmtool.edit.layerio import down_proj
+
+        for l in cfg.layers:   # an MoE layer's per-expert down projections are refused here, before statistics
+            down_proj(model, l)
         set_seed(seed)
         params = {"seed": seed, "dtype": _dtype(model)}
         report, templates = {}, []

@@ -9,6 +9,14 @@ Budget convention: ``budget`` is the fraction of the context's entries **kept** 
 window always kept (reconstructed choice: ``b`` is raised to ``min(w, n)`` when smaller, so the
 window is never evicted). ``budget = 1`` is an exact no-op (nothing is touched).
 
+Sliding-window layers (Gemma 2/3 local layers, Mistral-style ``sliding_window`` configs;
+``core.arch.attention_kinds``): a sliding layer only ever reads the last W entries, and transformers
+masks it by absolute position; a compacted layer's mask is rebuilt here (old entries all visible), which
+would let a sliding layer read entries older than its window. So eviction is applied to the
+full-attention layers only and sliding layers keep their cache and transformers' sliding mask (exact;
+the budget fraction then describes the full layers, and the memory report counts the sliding layers'
+entries whole). A model whose every layer slides is refused by name (nothing would be evicted).
+
 Realising budgets (spec 3.5): uniform per-layer budgets are gathered physically (real memory
 saving); head-varying budgets (AdaKV) are gathered to the longest head of the layer and the
 padding slots masked with ``-inf`` by the ``kvcache`` attention transform (exact; the padding is
@@ -107,6 +115,10 @@ class Press(abc.ABC):
         n = keys.shape[-2]
         if self.budget >= 1.0 or n <= self.window_size:
             return
+        from llmtool.core.arch import is_sliding
+
+        if is_sliding(module):   # a sliding-window layer (module docstring): not evicted
+            return
         scores = self.score(module, hidden_states, keys, values, position_embeddings).float()
         budgets = self.layer_budgets(module, scores, n)
         if bool((budgets >= n).all()):
@@ -134,7 +146,14 @@ class Press(abc.ABC):
     def apply(self, model):
         """Register the compression hook on every attention module (armed by the pipeline for the
         prefill of the context only)."""
-        handles = [m.register_forward_hook(self._hook, with_kwargs=True) for m in attention_modules(model)]
+        mods = attention_modules(model)
+        from llmtool.core import arch
+
+        if mods and all(arch.is_sliding(m) for m in mods):
+            arch.refuse(f"kvcache eviction ({type(self).__name__})", arch.arch_of(model).family, arch.P_SLIDING,
+                        "every layer is sliding-window, and sliding layers are not evicted (their window already "
+                        "bounds what they read)")
+        handles = [m.register_forward_hook(self._hook, with_kwargs=True) for m in mods]
         try:
             yield self
         finally:
@@ -150,7 +169,7 @@ def window_queries(module, hidden_states, position_embeddings, window: int) -> t
     d = module.head_dim
     h = hidden_states[:, -window:]
     q = projection(module, "q")(h).view(b, h.shape[1], -1, d).transpose(1, 2)
-    if hasattr(module, "q_norm"):  # Qwen3-style per-head query norm
+    if hasattr(module, "q_norm"):  # Qwen3 / Gemma 3 per-head query norm (arch: q/k norms)
         q = module.q_norm(q)
     cos, sin = position_embeddings
     cos, sin = cos[:, -window:].unsqueeze(1), sin[:, -window:].unsqueeze(1)
@@ -163,7 +182,11 @@ def window_attention(module, hidden_states, keys, position_embeddings, window: i
     q = window_queries(module, hidden_states, position_embeddings, window).float()
     h_q, h_kv = q.shape[1], keys.shape[1]
     k = keys.float().repeat_interleave(h_q // h_kv, dim=1)
-    logits = q @ k.transpose(-1, -2) / math.sqrt(module.head_dim)
+    # the module's own score scale (Gemma: query_pre_attn_scalar**-0.5) and soft-cap (Gemma 2), as its forward
+    logits = (q @ k.transpose(-1, -2)) * getattr(module, "scaling", 1.0 / math.sqrt(module.head_dim))
+    cap = getattr(module, "attn_logit_softcapping", None)
+    if cap:
+        logits = torch.tanh(logits / cap) * cap
     n = keys.shape[-2]
     causal = torch.ones(window, window, dtype=torch.bool, device=q.device).triu(1)
     logits[..., n - window:] = logits[..., n - window:].masked_fill(causal, float("-inf"))

@@ -31,8 +31,9 @@ from llmtool.quantize.quantizers import rtn_weight
 
 
 def block_quant_linears(layer) -> dict[str, QuantLinear]:
-    """role -> block Linear of a decoder layer (QuantLinear once replaced)."""
-    return {r: arch.linear(layer, r) for r in arch.ROLES}
+    """module name (role, or fused name such as ``qkv``) -> block Linear of a decoder layer (QuantLinear
+    once replaced)."""
+    return arch.block_linears(layer)
 
 
 def _replace_linears(model, cfg: QuantConfig, rotated: bool) -> None:
@@ -114,7 +115,7 @@ def quantize_(model, config: QuantConfig, calib: torch.Tensor | None = None) -> 
     """Quantize ``model`` in place with ``config`` (a method's config dataclass); returns a report."""
     config.validate()
     METHODS.get(config.name)
-    rot_mod.check_supported(model)
+    rot_mod.check_supported(model, config.name)
     report: dict = {"method": config.name}
     t0 = time.perf_counter()
     rot, extra = config.rotate(model, calib)

@@ -90,8 +90,7 @@ def build_structure(model, block: dict) -> None:
     trans = block.get("residual_transition")
     hidden = model.config.hidden_size
     for layer in decoder_layers(model):
-        for role in arch.ROLES:
-            lin = arch.linear(layer, role)
+        for role, lin in arch.block_linears(layer).items():
             q = QuantLinear(lin.in_features, lin.out_features, w_bits=16, a_bits=a["bits"],
                             a_symmetric=a["symmetric"], a_clip_ratio=a["clip_ratio"],
                             online_hadamard=had and role == "down", dtype=lin.weight.dtype)

@@ -66,15 +66,15 @@ def training_view(model, rot: R.RotationSet, cfg: QuantConfig):
     """Temporarily turn the prepared model into the differentiable fake-quantized rotated model.
     Yields ``refresh()`` which recomputes every effective weight and transition from ``rot``."""
     layers = decoder_layers(model)
+    spec = arch.arch_of(model)
     saved, frozen, train_mods = [], [], []
     for layer in layers:
         orig, mods, keep = {}, {}, {}
-        for role in arch.ROLES:
-            lin = arch.linear(layer, role)
-            keep[role] = lin
-            orig[role] = lin.weight.detach()
-            mods[role] = _TrainLinear(cfg, online_hadamard=role == "down")
-            arch.set_linear(layer, role, mods[role])
+        orig = {role: arch.role_weight(layer, role).detach() for role in arch.ROLES}
+        for name, lin in arch.block_linears(layer).items():   # a fused qkv_proj / gate_up_proj: one module
+            keep[name] = lin
+            mods[name] = _TrainLinear(cfg, online_hadamard=name == "down")
+            arch.set_linear(layer, name, mods[name])
         install_transitions(layer, DenseTransition(), DenseTransition())
         saved.append(keep)
         frozen.append(orig)
@@ -87,8 +87,10 @@ def training_view(model, rot: R.RotationSet, cfg: QuantConfig):
 
     def refresh():
         for i, layer in enumerate(layers):
-            for name, w in R.layer_weights(frozen[i], rot, i, model.config).items():
-                train_mods[i][name].weight_eff = w
+            w = R.layer_weights(frozen[i], rot, i, model.config)
+            for name, mod in train_mods[i].items():
+                fused = spec.fused.get(name)
+                mod.weight_eff = torch.cat([w[r] for r in fused.roles]) if fused else w[name]
             t_attn, t_ffn = R.transitions(rot, i)
             layer.attn_transition.matrix, layer.mlp_transition.matrix = t_attn, t_ffn
 

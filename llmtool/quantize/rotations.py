@@ -41,9 +41,12 @@ from llmtool.core.models import decoder_layers
 from llmtool.kernels.hadamard import hadamard_matrix
 
 
-def check_supported(model) -> None:
-    """RMSNorm Llama-style blocks without biases (families of :mod:`llmtool.core.arch`)."""
-    arch.require(model, "llmtool quantize", bias_free=True)
+def check_supported(model, method: str = "quarot") -> None:
+    """Pre-norm RMSNorm blocks without biases or routed experts (families of :mod:`llmtool.core.arch`;
+    refusals by layout property in :func:`llmtool.quantize.runner.check_family`)."""
+    from llmtool.quantize.runner import check_family
+
+    check_family(model, method)
 
 
 def random_orthogonal(n: int, generator=None, dtype=torch.float64) -> torch.Tensor:
@@ -73,24 +76,26 @@ def prepare(model) -> None:
     model.config.tie_word_embeddings = False
     if hasattr(model, "_tied_weights_keys"):
         model._tied_weights_keys = None
+    spec = arch.arch_of(model)
     for layer in decoder_layers(model):
         for norm, roles in ((arch.input_norm(layer), ("q", "k", "v")),
                             (arch.post_attention_norm(layer), ("gate", "up"))):
-            g = norm.weight
-            for role in roles:
-                lin = arch.linear(layer, role)
-                lin.weight.mul_(g.to(lin.weight.dtype)[None, :])
-            g.fill_(1.0)
-    g = arch.final_norm(model).weight
+            g = arch.norm_gain(norm, spec).detach().clone()   # (1 + w) for Gemma-style norms
+            for role in roles:   # a role of a fused qkv_proj / gate_up_proj is a row view: each row scaled once
+                w = arch.role_weight(layer, role)
+                w.mul_(g.to(w.dtype)[None, :])
+            arch.set_unit_gain(norm, spec)
+    norm = arch.final_norm(model)
+    g = arch.norm_gain(norm, spec).detach().clone()
     lm_head.weight.mul_(g.to(lm_head.weight.dtype)[None, :])
-    g.fill_(1.0)
+    arch.set_unit_gain(norm, spec)
 
 
 @torch.no_grad()
 def fuse_down_hadamard(model) -> None:
     """``W_down ← W_down H`` so that an online ``x H`` before down_proj keeps the product unchanged."""
     for layer in decoder_layers(model):
-        w = arch.linear(layer, "down").weight
+        w = arch.role_weight(layer, "down")
         h = hadamard_matrix(w.shape[1], dtype=torch.float64, device=w.device)
         w.copy_((w.double() @ h).to(w.dtype))
 
@@ -194,9 +199,9 @@ def fuse(model, rot: RotationSet) -> None:
     for a, b in zip(rot64.matrices(), rot.matrices()):
         a.data.copy_(b.detach().double().to(device))
     for i, layer in enumerate(layers):
-        orig = {r: arch.linear(layer, r).weight.detach().double() for r in arch.ROLES}
+        orig = {r: arch.role_weight(layer, r).detach().double() for r in arch.ROLES}
         for r, w in layer_weights(orig, rot64, i, cfg).items():
-            p = arch.linear(layer, r).weight
+            p = arch.role_weight(layer, r)   # a row view of qkv_proj / gate_up_proj where the family fuses
             p.copy_(w.to(p.dtype))
     emb = arch.embed(model).weight
     emb.copy_((emb.double() @ rot64.r1(0)).to(emb.dtype))

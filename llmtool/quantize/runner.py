@@ -17,12 +17,35 @@ def make_config(method: str, **kw):
     return METHODS.build(method, **kw)
 
 
+def check_family(model_or_config, method: str) -> None:
+    """Refuse the layout properties `quantize` cannot handle, by name (torch-free on a config dict):
+    routed experts (3-D expert tensors are not Linears: QuantLinear and the packed format are per
+    Linear), biased projections (QuantLinear has no bias), and, for the rotating methods, sandwich norms."""
+    from llmtool.core import arch
+
+    spec = arch.arch_of(model_or_config, "llmtool quantize")
+    name = f"quantize --method {method}"
+    if spec.experts is not None:
+        arch.refuse(name, spec.family, arch.P_EXPERTS, "the experts are 3-D tensors, not Linears; QuantLinear and "
+                    "the packed int format are per Linear")
+    try:
+        arch.require(model_or_config, "llmtool quantize", bias_free=True)
+    except UsageError:
+        arch.refuse(name, spec.family, arch.P_BIAS, "QuantLinear and the packed format carry no bias")
+    if method != "rtn" and (spec.attn_out_norm or spec.mlp_out_norm):
+        arch.refuse(name, spec.family, arch.P_POST_NORMS,
+                    "the residual rotation cannot be fused through the post-attention / post-feedforward norm "
+                    "(its per-channel gain acts after normalisation and does not commute with a rotation of its "
+                    "output; the online per-block rotation this would need is not built)")
+
+
 def config_check(cfg):
     """The checks of a checkpoint's config.json that concern `quantize` (torch-free, for the preflight)."""
     from llmtool.core.arch import require
 
     def check_config(src, config):
-        require(config, "llmtool quantize", bias_free=True)
+        require(config, "llmtool quantize")
+        check_family(config, cfg.name)
         if "llmtool_quant" in config:
             raise UsageError(f"{src}: already quantized by llmtool (config.json has llmtool_quant)")
         if "llmtool_lowrank" in config:
