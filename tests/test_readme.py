@@ -133,10 +133,15 @@ def run_block(text: str, cwd: Path, env: dict, timeout: int, timings: list | Non
     trace = cwd / ".xtrace"
     script = ("set -euo pipefail\nexec 3>>" + str(trace) + "\nBASH_XTRACEFD=3\n"
               "PS4='+@$(date +%s.%N)@ '\nset -x\n" + text + "\nset +x\n")
-    t0 = time.time()
+    import resource
+
+    t0, r0 = time.time(), resource.getrusage(resource.RUSAGE_CHILDREN)
     p = subprocess.run(["bash", "-c", script, "readme-block", *args], cwd=cwd, env=env, capture_output=True,
                        text=True, timeout=timeout)
-    end = time.time()
+    end, r1 = time.time(), resource.getrusage(resource.RUSAGE_CHILDREN)
+    # CPU seconds of the block's processes (what an idle machine would need, over its cores); only exact when
+    # one block runs at a time (RUSAGE_CHILDREN adds every finished child of this process)
+    p.cpu = (r1.ru_utime - r0.ru_utime) + (r1.ru_stime - r0.ru_stime)  # type: ignore[attr-defined]
     if timings is not None and trace.exists():
         stamps = []
         for line in trace.read_text().splitlines():
@@ -194,26 +199,40 @@ def test_no_block_uses_a_repository_path():
     assert not bad, bad
 
 
-def _run_sections(home: Path | None, tmp_path: Path, full: bool, timeout: int) -> list[str]:
-    ran = []
-    for name, blocks in sections(readme_blocks()).items():
-        todo = [b for b in blocks if b.mark is None or (b.mark == "full-size" and full)]
-        if not todo:
-            continue
+def _run_sections(home: Path | None, tmp_path: Path, full: bool, timeout: int, workers: int = 1) -> list[str]:
+    """Run each section's blocks in order in its own directory; sections in parallel on ``workers``
+    threads (``$LLMTOOL_README_WORKERS``; each section's commands stay sequential)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    def one(name: str, todo: list[Block]) -> str:
         work = tmp_path / slug(name)
         work.mkdir()
         env = block_env(home, work)
         for b in todo:
             p = run_block(b.text, work, env, timeout)
             check(p, f"README.md:{b.line} ({name})")
-        ran.append(name)
+        return name
+
+    jobs = [(n, [b for b in bs if b.mark is None or (b.mark == "full-size" and full)])
+            for n, bs in sections(readme_blocks()).items()]
+    jobs = [(n, todo) for n, todo in jobs if todo]
+    workers = int(os.environ.get("LLMTOOL_README_WORKERS", workers))
+    with ThreadPoolExecutor(max_workers=max(1, workers)) as pool:
+        futures = [pool.submit(one, n, todo) for n, todo in jobs]
+        errors, ran = [], []
+        for f in futures:
+            try:
+                ran.append(f.result())
+            except AssertionError as e:
+                errors.append(str(e))
+    assert not errors, "\n\n".join(errors)
     return ran
 
 
 def test_readme_quick_paths_run_on_a_tiny_model(tmp_path):
     """Every quick path, as written, against a tiny random model behind the `smollm2-135m` alias."""
     home = make_tiny_home(tmp_path / "home")
-    ran = _run_sections(home, tmp_path, full=os.environ.get("LLMTOOL_README_FULL") == "1", timeout=900)
+    ran = _run_sections(home, tmp_path, full=os.environ.get("LLMTOOL_README_FULL") == "1", timeout=900, workers=2)
     assert len(ran) >= 12
 
 
@@ -258,7 +277,8 @@ def main(argv: list[str]) -> int:
         for b in blocks:
             timings: list = []
             p = run_block(b.text, work, env, timeout=7200, timings=timings)
-            print(f"== {name} (README.md:{b.line}) exit {p.returncode}, {p.wall:.0f} s", flush=True)
+            print(f"== {name} (README.md:{b.line}) exit {p.returncode}, {p.wall:.0f} s wall, {p.cpu:.0f} s CPU",
+                  flush=True)
             for t, cmd in timings:
                 print(f"  {t:7.1f} s  {cmd[:160]}", flush=True)
             if p.returncode:

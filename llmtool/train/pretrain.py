@@ -147,6 +147,32 @@ def _fault_hooks(faults: Faults, model: torch.nn.Module):
     return pre, post
 
 
+def _progress_callback(name: str):
+    """Progress over the optimizer updates: console.progress's bar in a terminal; otherwise (and not --quiet
+    or --json) a status line at every tenth of the run with the time left, extrapolated from the updates so far."""
+    import time
+
+    from llmtool.core.console import OPTIONS, info, progress, stderr
+    from llmtool.core.trainer import _trainer_callback_base
+
+    class Progress(_trainer_callback_base()):
+        def on_train_begin(self, args, state, control, **kw):
+            self.t0, self.bar = time.time(), progress(range(state.max_steps + 1), name, total=state.max_steps)
+            next(self.bar)  # draws the bar (a no-op without a terminal)
+
+        def on_step_end(self, args, state, control, **kw):
+            next(self.bar, None)
+            n, every = state.global_step, max(1, state.max_steps // 10)
+            if not (stderr.is_terminal or OPTIONS.json) and (n % every == 0 or n == state.max_steps):
+                left = (time.time() - self.t0) / max(n, 1) * (state.max_steps - n)
+                info(f"{name}: update {n}/{state.max_steps}, about {left / 60:.1f} min left")
+
+        def on_train_end(self, args, state, control, **kw):
+            self.bar.close()
+
+    return Progress()
+
+
 def check_distributed() -> None:
     """Refuse DeepSpeed ZeRO >= 2 launched through accelerate (per-tensor gradients are sharded)."""
     if os.environ.get("ACCELERATE_USE_DEEPSPEED", "").lower() in ("1", "true"):
@@ -194,7 +220,8 @@ def train_with_clipper(model, tokenizer, examples: Sequence[dict], args: TrainAr
     else:
         opt = build_optimizer(optimizer, model, args, beta1=beta1)
     trainer_cls = _fault_trainer_cls(faults, model.config.vocab_size, args.seed) if faults.garbage else None
-    res = sft(model, tokenizer, examples, args, out_dir=out_dir, callbacks=[cb, *callbacks], trainer_cls=trainer_cls,
+    res = sft(model, tokenizer, examples, args, out_dir=out_dir, callbacks=[cb, *callbacks, _progress_callback("train")],
+              trainer_cls=trainer_cls,
               resume=resume, optimizers=(opt, None))
     recs = cb.records
     losses = [r["loss"] for r in recs if r.get("loss") is not None]
