@@ -4,7 +4,6 @@
 set -euo pipefail
 OUT=${OUT:-/tmp/llmtool-evaluate-example}
 rm -rf "$OUT" && mkdir -p "$OUT"
-HERE=$(cd "$(dirname "$0")/.." && pwd)
 
 # 1. Best model under a 5% budget on a synthetic IRT matrix (planted truth), then the bandit comparison.
 python - "$OUT/irt.csv" <<'EOF'
@@ -19,8 +18,9 @@ llmtool evaluate bai-sim --synthetic irt --k 10 --n 2000 --gap 0.05 --spread 3.0
     --methods sysr,sr,sh,sh-shared,uniform,uniform-shared,ucbe --budget-fracs 0.02,0.05,0.1 --reps 100 \
     -o "$OUT/bai_results.csv"
 
-# 2. The same on the real per-item matrix of SmolLM2-135M variants shipped with the benchmark results.
-llmtool evaluate sysr --responses "$HERE/benchmarks/results/evaluate.matrix.csv" --budget-frac 0.1 -o "$OUT/real_run.json"
+# 2. The same on the real per-item matrix of SmolLM2-135M variants measured by benchmarks/evaluate.py (packaged).
+llmtool example-data score-matrix -o "$OUT/matrix.csv"
+llmtool evaluate sysr --responses "$OUT/matrix.csv" --budget-frac 0.1 -o "$OUT/real_run.json"
 
 # 3. Live mode: two default-model entries answer only the requested questions (cache makes it resumable).
 cat > "$OUT/models.yaml" <<'EOF'
@@ -42,7 +42,8 @@ llmtool evaluate judge --votes "$OUT/judge/votes.jsonl" --human "$OUT/judge/huma
     --nu-mode item -o "$OUT/judge/agg.jsonl"
 
 # 5. Autograder bias GLMs on the HiBayES example data (q2: self-preference; q5: length bias).
-DATA="$HERE/llmtool/evaluate/data/hibayes"
+DATA="$OUT/hibayes"
+for q in q2 q4 q5; do llmtool example-data "hibayes-$q" -o "$DATA/$q.csv"; done
 llmtool evaluate autograder fit --data "$DATA/q2.csv" --levels 0:10 --effects grader,LLM --interactions grader:LLM \
     --chains 2 --samples 500 --warmup 500 -o "$OUT/fits/q2_int"
 llmtool evaluate autograder fit --data "$DATA/q2.csv" --levels 0:10 --effects grader,LLM \

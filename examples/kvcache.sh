@@ -5,14 +5,8 @@ MODEL=${MODEL:-smollm2-135m}
 TMP=$(mktemp -d)
 trap 'rm -rf "$TMP"' EXIT
 
-python - "$TMP/prompts.jsonl" <<'PY'
-import json, sys
-ctx = ("Mr. Bennet was so odd a mixture of quick parts, sarcastic humour, reserve, and caprice. " * 20
-       + "The special magic number for copper is: 4817263. " + "Her mind was less difficult to develop. " * 20)
-with open(sys.argv[1], "w") as fh:
-    fh.write(json.dumps({"context": ctx, "question": "\n\nThe special magic number for copper is:"}) + "\n")
-PY
-
+# one needle ("The special magic number for copper is: ...") in ~450 tokens of Austen-like filler
+llmtool example-data kvcache-prompts -o "$TMP/prompts.jsonl" --n 1
 # greedy generation, 20 % cache, SnapKV vs SnapKV + CriticalKV (question-agnostic protocol)
 llmtool kvcache generate "$MODEL" --prompts "$TMP/prompts.jsonl" --max-new-tokens 8 --method snapkv --budget 0.2
 llmtool kvcache generate "$MODEL" --prompts "$TMP/prompts.jsonl" --max-new-tokens 8 --method snapkv --budget 0.2 --critical

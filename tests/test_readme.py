@@ -196,6 +196,9 @@ def test_no_block_uses_a_repository_path():
         code = "\n".join(re.sub(r"(^|\s)#.*$", "", l) for l in b.text.splitlines())  # comments may name files
         for tok in re.findall(r"(?<![\w/.-])((?:llmtool|benchmarks|tests|examples|docs)/[\w./-]+)", code):
             bad.append(f"README.md:{b.line}: {tok}")
+    for script in EXAMPLES:  # the scripts too: nothing read relative to the checkout
+        if 'dirname "$0"' in script.read_text() or "BASH_SOURCE" in script.read_text():
+            bad.append(f"{script.name}: reads files relative to the checkout")
     assert not bad, bad
 
 
