@@ -72,7 +72,7 @@ def tiny(tmp_path_factory) -> Path:
 # The classes added for issue 39 (the older ones run in test_reliability's in-process walk over every command).
 NEW_CHECKPOINTS = ["config-is-a-list", "config-not-utf8", "config-too-deep", "weights-are-a-dir",
                    "weights-symlink-loop", "weights-fifo", "zero-heads", "nested-auto-map", "int32-weights",
-                   "index-outside-dir"]
+                   "index-outside-dir", "tokenizer-fifo"]
 
 
 @pytest.mark.parametrize("case", NEW_CHECKPOINTS)
@@ -167,6 +167,7 @@ def test_bad_value_or_file_in_a_real_process(case, tiny, tmp_path):
     model_before = sha_tree(tiny)
     line = one_error_line(llmtool(*argv, timeout=120))
     assert CASES[case][2] in line, line
+    assert len(line) < 400, "an error line quotes at most a short piece of a value"
     nothing_written(tmp_path)
     assert sha_tree(tmp_path) == before and sha_tree(tiny) == model_before
 

@@ -164,6 +164,8 @@ BAD_MODELS = {
                         "text_config.auto_map"),
     "int32-weights": (_int32_weight, "stored as I32"),
     "index-outside-dir": (_index_outside, "outside the checkpoint"),
+    "tokenizer-fifo": (lambda d: ((d / "tokenizer.json").unlink(), __import__("os").mkfifo(d / "tokenizer.json")),
+                       "tokenizer.json: not a regular file (a FIFO)"),
     "corrupt-header": (_corrupt_header, "corrupt safetensors"),
     "huge-header": (_huge_header, "corrupt safetensors"),
     "truncated": (_truncated, "safetensors"),

@@ -65,11 +65,24 @@ def _auto_map_at(config: Any, where: str = "", depth: int = 0) -> str | None:
     return None
 
 
+def check_side_files(path: Path) -> None:
+    """The tokenizer and generation files a checkpoint has are regular files: transformers opens them
+    without looking, and a FIFO there blocks the load forever (a directory or symlink loop fails deep
+    inside it). Run by :func:`refuse_remote_code`, which every model and tokenizer load goes through."""
+    from llmtool.core.checkpoint import TOKENIZER_FILES, regular_file
+
+    for name in TOKENIZER_FILES:
+        f = Path(path) / name
+        if f.exists() or f.is_symlink():
+            regular_file(f)
+
+
 def refuse_remote_code(path: Path, config: dict | None = None) -> None:
     """A checkpoint whose config asks to run its own code (``auto_map``, at the top or in any sub-config)
     is refused: llmtool never runs remote code, and transformers would otherwise ask on a terminal."""
     from llmtool.core.checkpoint import read_json
 
+    check_side_files(path)
     config = config if config is not None else read_config(path)
     found = _auto_map_at(config)
     if found:

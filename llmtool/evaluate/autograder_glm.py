@@ -42,7 +42,7 @@ import math
 import os
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Sequence
+from typing import Any, Sequence
 
 import numpy as np
 
@@ -129,6 +129,12 @@ def validate_config(cfg: GlmConfig) -> None:
         raise UsageError("--chains, --samples and --warmup must be positive")
 
 
+def _short(value: Any, n: int = 60) -> str:
+    """``repr`` of a cell for an error line, cut to ``n`` characters (a field may be 100k characters long)."""
+    text = repr(value)
+    return text if len(text) <= n else f"{text[:n]}... ({len(str(value))} characters)"
+
+
 def build_design(rows: Sequence[dict], cfg: GlmConfig, source: str = "data") -> Design:
     validate_config(cfg)
     if not rows:
@@ -150,9 +156,9 @@ def build_design(rows: Sequence[dict], cfg: GlmConfig, source: str = "data") -> 
         try:
             x = float(r[col])
         except (TypeError, ValueError):
-            raise UsageError(f"{source}:{i + 2}: column {col!r}: non-numeric value {r[col]!r}") from None
+            raise UsageError(f"{source}:{i + 2}: column {col!r}: non-numeric value {_short(r[col])}") from None
         if not math.isfinite(x):
-            raise UsageError(f"{source}:{i + 2}: column {col!r}: non-finite value {r[col]!r}")
+            raise UsageError(f"{source}:{i + 2}: column {col!r}: non-finite value {_short(r[col])}")
         return x
 
     y = np.array([number(r, cfg.outcome, i) for i, r in enumerate(rows)])
