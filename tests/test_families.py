@@ -456,6 +456,23 @@ def test_role_weights_are_the_models_own_projections(family):
                                                  }.get(family, ["full", "full"])
 
 
+@pytest.mark.parametrize("family", FAMILIES)
+def test_calibration_replay_equals_the_forward(family):
+    """Layer-by-layer replay (svd-llm / zs-svd statistics, GPTQ) feeds every layer the mask and rotary
+    embeddings of its own attention kind: the replayed last layer equals the model's own forward."""
+    from llmtool.core.calib import replay_layers
+
+    model, ids = build_model(family), torch.cat([_ids(20), _ids(20, 30)])
+    layers = arch.decoder_layers(model)
+    want = {}
+    h = layers[-1].register_forward_hook(lambda m, i, o: want.__setitem__("h", o[0] if isinstance(o, tuple) else o))
+    _logits(model, ids)
+    h.remove()
+    for step in replay_layers(model, ids, batch_size=1):
+        outs = step.forward()
+    _close(torch.cat(outs), want["h"], 1e-5)
+
+
 def test_broken_fused_slice_fails_the_rotation_property(family_dirs, tmp_path, monkeypatch):
     """Phi-3 with q and k swapped in the adapter's qkv_proj split: the QuaRot property check fails."""
     spec = arch.FAMILIES["phi3"]

@@ -365,6 +365,7 @@ def _head_gradient(model, last: torch.Tensor, ids: torch.Tensor) -> torch.Tensor
     from llmtool.core.arch import final_norm, lm_head
 
     norm, head = final_norm(model), lm_head(model)
+    cap = getattr(model.config, "final_logit_softcapping", None)
     n = last.shape[1] - 1
     grad = torch.zeros_like(last)
     for a in range(0, n, HEAD_CHUNK):
@@ -372,6 +373,8 @@ def _head_gradient(model, last: torch.Tensor, ids: torch.Tensor) -> torch.Tensor
         x = last[:, a:b].detach().requires_grad_(True)
         with torch.enable_grad():
             logits = head(norm(x)).float()
+            if cap:   # Gemma 2's final logit soft-capping (core.arch: logit soft-capping), as its forward
+                logits = torch.tanh(logits / cap) * cap
             loss = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]),
                                                      ids[:, a + 1:b + 1].reshape(-1), reduction="sum") / n
             (g,) = torch.autograd.grad(loss, [x])
@@ -394,7 +397,7 @@ def _gradient_scores(stream: LayerStream, specs: list[list[ModuleSpec]], grad_id
     gradient as soon as its r-vector exists."""
     from safetensors.torch import load_file, save_file
 
-    from llmtool.core.calib import first_layer_inputs
+    from llmtool.core.calib import captured_inputs
     from llmtool.core.hooks import hidden_of
 
     model = stream.model
@@ -402,11 +405,11 @@ def _gradient_scores(stream: LayerStream, specs: list[list[ModuleSpec]], grad_id
     windows = []
     n_layers = len(stream.layers)
     for row in progress(list(grad_ids), "gradients (windows)"):
-        (h, kw), = first_layer_inputs(model, row[None])
+        (h, kws), = captured_inputs(model, row[None])   # per-layer kwargs (sliding / full layers)
         for i in range(n_layers):
             save_file({"h": h.contiguous()}, str(_hidden_path(scratch, i)))
             with stream.layer(i) as layer:
-                h = hidden_of(layer(h, **kw)).detach()
+                h = hidden_of(layer(h, **kws[i])).detach()
         grad_h = _head_gradient(model, h, row[None].to(h.device))
         del h
         scores: dict[str, torch.Tensor] = {}
@@ -420,7 +423,7 @@ def _gradient_scores(stream: LayerStream, specs: list[list[ModuleSpec]], grad_id
                     w.requires_grad_(True)
                 h_in.requires_grad_(i > 0)
                 with torch.enable_grad():
-                    out = hidden_of(layer(h_in, **kw))
+                    out = hidden_of(layer(h_in, **kws[i]))
                     grads = list(torch.autograd.grad(out, ([h_in] if i > 0 else []) + weights,
                                                      grad_outputs=grad_h))
                 for w in weights:

@@ -1,10 +1,12 @@
 """Layer-wise calibration shared by every area: first-layer input capture, layer-by-layer replay,
 and input statistics (Gram ``X^T X``, ``sum |x|``, token counts) of named modules.
 
-* :func:`first_layer_inputs` runs the embedding part of the model on calibration ids, in chunks of
-  ``batch_size`` sequences, and stops at decoder layer 0 (a pre-hook raises), returning each chunk's
-  hidden states and the keyword arguments layer 0 was called with (attention mask, rotary
-  embeddings, cache position, ...). Nothing after layer 0 runs.
+* :func:`captured_inputs` runs the embedding part of the model on calibration ids, in chunks of
+  ``batch_size`` sequences, with every decoder block stubbed out, returning each chunk's hidden states
+  entering layer 0 and the keyword arguments *each* layer was called with (attention mask, rotary
+  embeddings, cache position, ...: hybrid-attention families give sliding and full layers different
+  masks, and Gemma 3 different rotary embeddings). No block runs. :func:`first_layer_inputs` keeps
+  layer 0's.
 * :func:`replay_layers` then walks the decoder layers one at a time: it yields a :class:`LayerStep`
   per layer, the caller does what it needs with that layer (collect statistics with hooks, replace
   or quantize its weights), and the layer's outputs on the stored inputs become the next layer's
@@ -32,32 +34,62 @@ class _Caught(Exception):
 
 
 @torch.no_grad()
-def first_layer_inputs(model, ids: torch.Tensor, batch_size: int | None = None
-                       ) -> list[tuple[torch.Tensor, dict]]:
-    """``[(hidden [b, T, D], layer-0 kwargs)]`` for ``ids`` [n, T] split into chunks of ``batch_size``
-    (all in one chunk when None)."""
-    from llmtool.core.arch import decoder_layers
+def captured_inputs(model, ids: torch.Tensor, batch_size: int | None = None
+                    ) -> list[tuple[torch.Tensor, list[dict]]]:
+    """``[(hidden [b, T, D] entering layer 0, [kwargs of layer 0, kwargs of layer 1, ...])]`` for ``ids``
+    [n, T] split into chunks of ``batch_size`` (all in one chunk when None).
 
-    layer0 = decoder_layers(model)[0]
-    caught: list[tuple[torch.Tensor, dict]] = []
+    Layers of hybrid-attention families (Gemma 2/3, Qwen2/3 with ``layer_types``) are called with the mask
+    (sliding or full) and, in Gemma 3, the rotary embeddings of their own attention kind, so each layer's
+    keyword arguments are caught: every decoder layer is replaced for one pass by a stub that records its
+    kwargs and returns its input (nothing of the blocks runs), and the final norm stops the pass."""
+    from llmtool.core.arch import decoder_layers, final_norm, is_supported
 
-    def catch(module, args, kwargs):
-        hidden = args[0] if args else kwargs["hidden_states"]
-        rest = {k: v for k, v in kwargs.items() if k != "hidden_states"}
-        caught.append((hidden.detach(), rest))
+    layers = decoder_layers(model)
+    caught: list[tuple[torch.Tensor, list[dict]]] = []
+    current: list[dict] = []
+    hidden0: list[torch.Tensor] = []
+
+    def stub(i):
+        def forward(*args, **kwargs):
+            hidden = args[0] if args else kwargs["hidden_states"]
+            if i == 0:
+                hidden0.append(hidden.detach())
+            current.append({k: v for k, v in kwargs.items() if k != "hidden_states"})
+            if i == len(layers) - 1 and stop is None:
+                raise _Caught
+            return hidden
+        return forward
+
+    def halt(*_):
         raise _Caught
 
-    handle = layer0.register_forward_pre_hook(catch, with_kwargs=True)
+    stop = final_norm(model).register_forward_pre_hook(halt) if is_supported(model) else None
+    for i, layer in enumerate(layers):
+        layer.forward = stub(i)
     device = next(model.parameters()).device
     try:
         for chunk in ids.split(batch_size or max(1, ids.shape[0])):
+            current, hidden0 = [], []
             try:
                 model(input_ids=chunk.to(device), use_cache=False)
             except _Caught:
                 pass
+            caught.append((hidden0[0], current))
     finally:
-        handle.remove()
+        for layer in layers:
+            del layer.forward
+        if stop is not None:
+            stop.remove()
     return caught
+
+
+@torch.no_grad()
+def first_layer_inputs(model, ids: torch.Tensor, batch_size: int | None = None
+                       ) -> list[tuple[torch.Tensor, dict]]:
+    """``[(hidden [b, T, D], layer-0 kwargs)]`` for ``ids`` [n, T] split into chunks of ``batch_size``
+    (all in one chunk when None)."""
+    return [(h, kws[0]) for h, kws in captured_inputs(model, ids, batch_size)]
 
 
 @dataclass
@@ -97,13 +129,15 @@ def replay_layers(model, ids: torch.Tensor, batch_size: int | None = None, desc:
     from llmtool.core.arch import decoder_layers
 
     layers = decoder_layers(model)
-    inputs = first_layer_inputs(model, ids, batch_size)
+    captured = captured_inputs(model, ids, batch_size)
+    hidden = [h for h, _ in captured]
+    captured = [(None, kws) for _, kws in captured]
     for i in progress(range(len(layers)), desc):
         with (layer_context(i) if layer_context is not None else nullcontext()):
-            step = LayerStep(i, layers[i], inputs)
+            step = LayerStep(i, layers[i], [(h, kws[i]) for h, (_, kws) in zip(hidden, captured)])
+            hidden = None   # the step holds the only reference (a caller may drop its inputs early)
             yield step
-            outs = step.outputs if step.outputs is not None else step.forward()
-        inputs = [(o, kw) for o, (_, kw) in zip(outs, inputs)]
+            hidden = step.outputs if step.outputs is not None else step.forward()
 
 
 @dataclass
