@@ -21,18 +21,29 @@ eq. 4). What this module implements:
 - global gradient-norm clipping at 1.0 (on in every official run), AdamW, constant learning rate;
 - :func:`toy_bandit`, the spec's exact clipping-bias mechanism on a 10-armed softmax bandit.
 
-Choice of engine (the issue's decision): a compact loop of our own on ``accelerate`` rather than
-TRL's ``GRPOTrainer``. Reasons: SetPO needs per-group advantage shaping from rollout embeddings,
-and TRL 1.16 has no public hook for custom advantages; TRL defaults to the "dapo" loss and its
-mini-batching knobs differ in name and meaning from the paper's rollout/mini-batch split; the three
-loss variants of the clipping ablation (clip, ratio-no-clip, −π_θ·Â) are one function here. The loop
-uses ``accelerate.Accelerator`` for device placement, DDP gradient sync (``no_sync`` on all but the
-last micro-batch of a mini-batch) and ``accelerate launch``; each process takes its own share of the
-prompts, and a group never spans processes, so group normalisation stays local. No distributed engine
-of our own. TRL is kept as a cross-check in the tests (same per-token loss on a fixed batch).
+Engines: this module is the *home loop*, a compact loop of our own on ``accelerate`` and the reference:
+SetPO needs per-group advantage shaping, which TRL's ``GRPOTrainer`` has no hook for, and the three loss
+variants of the clipping ablation (clip, ratio-no-clip, −π_θ·Â) are one function here. It uses
+``accelerate.Accelerator`` for device placement, DDP gradient sync (``no_sync`` on all but the last
+micro-batch of a mini-batch) and ``accelerate launch``/``torchrun``, and is rank-correct under several
+processes (see :class:`GRPOTrainerLoop`: the union of the ranks' work is exactly one process's work on
+``world`` times the batch, tested with two CPU processes). ``--engine trl`` (:mod:`llmtool.train.grpo_trl`)
+runs the same settings through TRL's ``GRPOTrainer`` (vLLM server/colocate with weight sync); on a fixed
+batch both give the same loss and gradients (tests).
 
-Reconstructed choices: the random reward is seeded per (seed, phase, prompt, rollout) (the official
-one is unseeded); rollouts that hit ``max_new_tokens`` are trained on like any other (no overlong
+Memory: per-token log-probs and entropies come from a chunked selective log-softmax
+(:func:`sequence_logps`): the model returns its last hidden states, the LM head runs over ``chunk``
+positions at a time under activation checkpointing, and only ``logit[target] − logsumexp`` and the exact
+entropy are kept, so the ``[batch, seq, vocab]`` fp32 tensor (at 7B with a 150k vocabulary, the peak of an
+update) never exists, in the forward or the backward.
+
+Resume: checkpoints hold no pickle. Model weights are safetensors; the trainer state (AdamW tensors named by
+their path in the state dict, counters, metrics so far, clipper state, Python/NumPy/torch RNG states) is
+``trainer_state.safetensors`` + ``trainer_state.json`` (:func:`save_trainer_state`); a resume directory gets
+the checks of a MODEL argument and any pickle file in it is refused unopened (:func:`check_resume_dir`).
+
+Reconstructed choices: the random reward is seeded per (seed, phase, prompt position over all
+processes, rollout) (the official one is unseeded); rollouts that hit ``max_new_tokens`` are trained on like any other (no overlong
 filtering, as in the paper); the eos token is part of the trained response when generation stopped
 on it; the policy's entropy is the exact token entropy of the full softmax on response tokens.
 """
@@ -278,11 +289,14 @@ def _chunk_logp_entropy(h: torch.Tensor, targets: torch.Tensor, weight: torch.Te
 
 def _output_head(model):
     """``(weight, bias, softcap)`` of the LM head of ``model`` (unwrapped), or None when it is not a plain
-    linear layer."""
+    linear layer or its weight is sharded (then :func:`sequence_logps` takes the full path)."""
     base = getattr(model, "module", model)
     head = base.get_output_embeddings() if hasattr(base, "get_output_embeddings") else None
     if not isinstance(head, torch.nn.Linear):
         return None
+    w = head.weight
+    if getattr(w, "ds_id", None) is not None or hasattr(w, "full_tensor") or hasattr(w, "_local_tensor"):
+        return None  # sharded (DeepSpeed ZeRO-3 / FSDP2 DTensor): only the module's own forward sees it whole
     cfg = getattr(base, "config", None)
     softcap = getattr(cfg, "final_logit_softcapping", None) if cfg is not None else None
     cfg_text = getattr(cfg, "get_text_config", lambda: cfg)() if cfg is not None else None
