@@ -10,7 +10,7 @@ set), written to one file so every model reads exactly the same characters. The 
 **bits per byte** is: total NLL (nats) / ln 2 / UTF-8 bytes of the text.
 
 Two protocols, both on disjoint windows of --seqlen tokens:
-* ``cli``: `llmtool --json evaluate ppl MODEL --data TEXT --seqlen S --max-tokens BIG` run as a subprocess,
+* ``cli``: `llmtool --json evaluate ppl MODEL --data TEXT --seqlen S --max-tokens 1048576` run as a subprocess,
   exactly as a user would. No special token is added; the first token of each window is context only, so
   bits per byte is estimated as mean NLL x (scored + windows) tokens (every token's mean cost).
 * ``bos``: each window is the tokenizer's BOS followed by S-1 text tokens and every text token is scored
@@ -42,7 +42,7 @@ def cli_ppl(alias: str, text_file: Path, seqlen: int, threads: int) -> dict:
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": str(threads)}
     t0 = time.perf_counter()
     p = subprocess.run([sys.executable, "-m", "llmtool", "--json", "--threads", str(threads), "evaluate", "ppl", alias,
-                        "--data", str(text_file), "--seqlen", str(seqlen), "--max-tokens", "100000000",
+                        "--data", str(text_file), "--seqlen", str(seqlen), "--max-tokens", "1048576",
                         "--batch-size", "1"], capture_output=True, text=True, env=env, cwd=ROOT)
     if p.returncode != 0:
         raise SystemExit(f"evaluate ppl {alias} failed ({p.returncode}): {p.stderr.strip()[-500:]}")
