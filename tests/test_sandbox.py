@@ -231,9 +231,9 @@ def test_threads_denied_by_default_allowed_on_request():
     code = "import threading\nr=[]\nt=threading.Thread(target=lambda: r.append(1)); t.start(); t.join(); print(r)"
     assert SandboxLimits().allow_threads is False
     res = run_python(code)
-    assert res.returncode != 0 and "[1]" not in res.stdout and not res.layers["threads"]
+    assert res.returncode != 0 and "[1]" not in res.stdout and not res.layers["threads_allowed"]
     res = run_python(code, limits=SandboxLimits(allow_threads=True))
-    assert res.stdout.strip() == "[1]" and res.layers["threads"]
+    assert res.stdout.strip() == "[1]" and res.layers["threads_allowed"]
 
 
 def test_run_python_stdin_files_and_cwd_cleanup():
@@ -394,7 +394,7 @@ def test_completed_means_the_program_ran_to_its_end():
 
 def test_layers_are_reported_and_printed():
     lay = active_layers()
-    for key in ("landlock", "userns", "mountns", "netns", "seccomp", "audit_hook", "threads", "disk_cap",
+    for key in ("landlock", "userns", "mountns", "netns", "seccomp", "audit_hook", "threads_allowed", "disk_cap",
                 "wrapper"):
         assert key in lay
     assert run_python("pass").layers == lay

@@ -163,7 +163,7 @@ def _boot():
     lim(resource.RLIMIT_FSIZE, int(L["file_size_mb"]) * MB)
     lim(resource.RLIMIT_CORE, 0)
     layers = {"userns": False, "mountns": False, "netns": False, "landlock": 0, "seccomp": False,
-              "audit_hook": bool(P["hook"]), "threads": bool(L["allow_threads"]), "disk_cap": None,
+              "audit_hook": bool(P["hook"]), "threads_allowed": bool(L["allow_threads"]), "disk_cap": None,
               "wrapper": bool(P["wrapped"])}
     why = []
     S = None
@@ -619,7 +619,7 @@ def sandbox_available() -> dict:
 def active_layers(wrapper: list[str] | None = None) -> dict:
     """The layers a sandboxed child actually gets on this machine: runs one trivial child and returns its
     report (``landlock`` = ABI version or 0, ``userns``/``mountns``/``netns``, ``seccomp``, ``audit_hook``,
-    ``threads``, ``disk_cap``, ``wrapper``). Raises UsageError when the sandbox would refuse to run."""
+    ``threads_allowed``, ``disk_cap``, ``wrapper``). Raises UsageError when the sandbox would refuse to run."""
     return _active_layers(tuple(wrapper or default_wrapper() or ()), tuple(_disabled()))
 
 
@@ -903,7 +903,7 @@ def layers_table(layers: dict) -> str:
         ("network namespace (no network)", "yes" if layers.get("netns") else "no"),
         ("seccomp deny-list", "yes" if layers.get("seccomp") else "no"),
         ("audit hook (defence in depth)", "yes" if layers.get("audit_hook") else "no"),
-        ("threads for candidates", "allowed" if layers.get("threads") else "denied"),
+        ("threads for candidates", "allowed" if layers.get("threads_allowed") else "denied"),
         ("total-bytes cap of the working dir", layers.get("disk_cap") or "none"),
         ("outer wrapper", "yes" if layers.get("wrapper") else "no"),
     ]
