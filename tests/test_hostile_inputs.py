@@ -148,6 +148,13 @@ CASES: dict[str, tuple[list[str], dict[str, bytes], str]] = {
                                 {"rows.jsonl": b'{"prompt": "a", "response": "b"}\n'}, "--stage 'bogus'"),
     "keystone-find-score-bogus": (["edit", "keystone", "find", "{model}", "-o", "{t}/out", "--score", "bogus"], {},
                                   "--score 'bogus'"),
+    "calib-data-unknown-name": (["compress", "{model}", "{t}/out", "--ratio", "0.2", "--calib-data", "bogus"], {},
+                                "bogus: no such data file or dataset"),
+    "eval-data-unknown-name": (["evaluate", "ppl", "{model}", "--data", "bogus"], {},
+                               "bogus: no such data file or dataset"),
+    "tasks-filler-unknown-name": (["evaluate", "tasks", "{model}", "--task", "ppl", "--filler", "bogus"], {},
+                                  "bogus: no such data file or dataset"),
+    "route-data-unknown-domain": (["route", "data", "{t}/out", "--domains", "bogus"], {}, "unknown domain 'bogus'"),
     "markup-in-a-missing-path": (["compress", "{t}/x[/bold]y", "{t}/out", "--ratio", "0.2"], {}, "x[/bold]y"),
 }
 
@@ -182,7 +189,8 @@ def test_value_checks_come_before_heavy_imports(tiny, tmp_path):
     loaded): the process makes importing either an error, so a check that comes after them fails the case."""
     fast = ["route-train-stage-bogus", "keystone-find-score-bogus", "autograder-levels-reversed",
             "threads-after-command", "batch-size-beyond-bound", "workers-beyond-cores", "judge-synth-tau-nan",
-            "learn-program-train-0", "calib-samples-beyond-bound"]
+            "learn-program-train-0", "calib-samples-beyond-bound", "calib-data-unknown-name",
+            "eval-data-unknown-name", "tasks-filler-unknown-name", "route-data-unknown-domain"]
     for case in fast:
         _setup(case, tmp_path)
     cases = {c: [a.format(t=tmp_path, model=tiny) for a in CASES[c][0]] for c in fast}

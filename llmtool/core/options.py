@@ -11,11 +11,31 @@ ModelArg = Annotated[str, typer.Argument(help="Model directory (HF format) or a 
 OutDirArg = Annotated[Path, typer.Argument(help="Output directory (must not exist unless --overwrite).",
                                            metavar="OUT")]
 Overwrite = Annotated[bool, typer.Option("--overwrite", help="Replace OUT if it exists.")]
-CalibData = Annotated[str, typer.Option("--calib-data", help="Calibration text: a packaged dataset name "
+def text_source(value: str | None) -> str | None:
+    """Typer callback of ``--calib-data``/``--data``: a packaged corpus name or an existing regular file,
+    checked while the command line is parsed (it was checked only after the model had loaded)."""
+    if value is None:
+        return value
+    from llmtool.core import defaults
+    from llmtool.core.console import UsageError
+
+    if str(value) in defaults.TEXTS:
+        return value
+    path = Path(value).expanduser()
+    if path.is_file():
+        return value
+    if path.exists():
+        raise UsageError(f"{value}: not a regular file (give a .txt/.jsonl/.parquet/.csv file or a dataset name)")
+    raise UsageError(f"{value}: no such data file or dataset (datasets: {', '.join(defaults.TEXTS)})")
+
+
+CalibData = Annotated[str, typer.Option("--calib-data", callback=text_source,
+                                        help="Calibration text: a packaged dataset name "
                                         "(austen-train, austen-test) or a .txt/.jsonl/.parquet file.")]
 CalibSamples = Annotated[int, typer.Option("--calib-samples", min=1, help="Number of calibration sequences.")]
 CalibSeqlen = Annotated[int, typer.Option("--calib-seqlen", min=2, help="Tokens per calibration sequence.")]
-EvalData = Annotated[str, typer.Option("--data", help="Eval text: packaged dataset name or a text file.")]
+EvalData = Annotated[str, typer.Option("--data", callback=text_source,
+                                       help="Eval text: packaged dataset name or a text file.")]
 Seqlen = Annotated[int, typer.Option("--seqlen", min=2, help="Tokens per evaluation window.")]
 MaxTokens = Annotated[int, typer.Option("--max-tokens", min=2, help="Evaluate on the first N tokens of the text.")]
 

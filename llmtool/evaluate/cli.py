@@ -15,7 +15,7 @@ import typer
 from typer.core import TyperGroup
 
 from llmtool.core.console import OPTIONS, UsageError, emit
-from llmtool.core.options import EvalData, MaxTokens, ModelArg, Seqlen
+from llmtool.core.options import EvalData, MaxTokens, ModelArg, Seqlen, text_source
 
 # sub-command -> (module that provides it, one-line help)
 COMMANDS: dict[str, tuple[str, str]] = {
@@ -91,7 +91,8 @@ def tasks_cmd(
                                                 "training.")] = None,
     length: int = typer.Option(1024, min=64, help="Synthetic tasks: context length in tokens."),
     samples: int = typer.Option(10, min=1, help="Synthetic tasks: samples per task."),
-    filler: str = typer.Option("austen-train", help="Synthetic tasks: haystack corpus (name or file)."),
+    filler: str = typer.Option("austen-train", callback=text_source,
+                               help="Synthetic tasks: haystack corpus (name or file)."),
     requests: Annotated[Optional[str], typer.Option("--requests", help="counterfact: edit requests "
                                                     "(JSONL or a packaged set).")] = None,
     out: Annotated[Optional[Path], typer.Option("-o", "--out", help="Write the results as JSON here.")] = None,

@@ -77,8 +77,6 @@ def data_cmd(
 ) -> None:
     """Write deterministic task data (reasoning-gym generators): OUT/train.jsonl, OUT/test.jsonl,
     OUT/<domain>.train.jsonl and OUT/transfer.jsonl."""
-    from llmtool.core.data import write_jsonl
-    from llmtool.core.job import job
     from llmtool.route.tasks import domain, make_split
 
     names = _paths(domains, "--domains")
@@ -88,6 +86,8 @@ def data_cmd(
     extra = [x for x in transfer.split(",") if x.strip()]
     for n in extra:
         domain(n.strip())
+    from llmtool.core.data import write_jsonl  # torch: only after the values are checked
+    from llmtool.core.job import job
     with job("route data", out=out, overwrite=overwrite, seed=OPTIONS.seed) as j:
         all_train, all_test = [], []
         for i, n in enumerate(names):
