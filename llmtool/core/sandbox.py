@@ -184,8 +184,10 @@ def _boot():
     for p in [os.path.dirname(os.__file__)] + list(sys.path) + P["sys_ro"]:
         if p and os.path.isdir(p):
             p = p if os.path.islink(p) else os.path.realpath(p)
-            if p not in ro and not any(p.startswith(q.rstrip("/") + "/") for q in ro):
+            if p not in ro:
                 ro.append(p)
+    # outermost dirs only (a system Python's stdlib may live below /usr/lib)
+    ro = [p for p in ro if not any(p.startswith(q.rstrip("/") + "/") for q in ro if q != p)]
     stdlib = [p for p in ro if p not in P["sys_ro"]]
     ro_files = [f for f in P["read_files"] if os.path.exists(f)]
     disk_kb = int(L["disk_mb"]) * 1024 + sum(-(-len(v.encode("utf-8")) // 4096) * 4 for v in P["files"].values())
