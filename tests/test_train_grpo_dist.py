@@ -37,23 +37,39 @@ def _metrics(d):
     return [json.loads(x) for x in (d / "metrics.jsonl").read_text().splitlines()]
 
 
-def test_two_processes_equal_one_process_with_doubled_accumulation(tiny_llama_dir, tmp_path):
-    out2, out1 = tmp_path / "two", tmp_path / "one"
+def _env(root):
     env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1",
-           "LLMTOOL_HOME": str(tmp_path / "home")}
+           "LLMTOOL_HOME": str(root / "home")}
     env.pop("RANK", None), env.pop("WORLD_SIZE", None)
+    return env
+
+
+def _torchrun(root, model, out, *extra):
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
-           "-m", "llmtool", "--json", "train", "grpo", str(tiny_llama_dir), str(out2), *COMMON,
-           "--prompts-per-rollout", "2", "--mini-batch", "4", "--save-every", "1", "--keep-checkpoints"]
-    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=300, cwd=tmp_path)
+           "-m", "llmtool", "--json", "train", "grpo", str(model), str(out), *COMMON, "--prompts-per-rollout", "2",
+           "--mini-batch", "4", *extra]
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=_env(root), timeout=300, cwd=root)
     assert proc.returncode == 0, proc.stderr[-3000:]
+
+
+@pytest.fixture(scope="module")
+def two_proc_run(tiny_llama_dir, tmp_path_factory):
+    """One 2-process run (~20 s on an idle 2-core machine), shared by the tests below."""
+    root = tmp_path_factory.mktemp("dist")
+    _torchrun(root, tiny_llama_dir, root / "two", "--save-every", "1", "--keep-checkpoints")
+    return root
+
+
+def test_two_processes_equal_one_process_with_doubled_accumulation(tiny_llama_dir, two_proc_run, tmp_path):
+    root = two_proc_run
+    out2, out1 = root / "two", tmp_path / "one"
     code, _, err = run_cli("train", "grpo", tiny_llama_dir, out1, *COMMON, "--prompts-per-rollout", "4",
                            "--mini-batch", "8")
     assert code == 0, err
 
     # exactly one output: OUT, its checkpoint dir (kept on request) and nothing else (no rank's temp dir)
-    assert sorted(p.name for p in tmp_path.iterdir() if p.name not in ("one", "home")) == ["two", "two.checkpoints"]
-    assert [p.name for p in (tmp_path / "two.checkpoints").iterdir()] == ["checkpoint-1"]
+    assert sorted(p.name for p in root.iterdir() if p.name not in ("home", "three")) == ["two", "two.checkpoints"]
+    assert [p.name for p in (root / "two.checkpoints").iterdir()] == ["checkpoint-1"]
     assert (out2 / "llmtool.json").is_file() and (out2 / "config.json").is_file()
     m2, m1 = _metrics(out2), _metrics(out1)
     assert len(m2) == len(m1) == 4                      # one writer: 2 phases × 2 updates, not twice that
@@ -75,3 +91,19 @@ def test_two_processes_equal_one_process_with_doubled_accumulation(tiny_llama_di
     assert moved > 50 * TOL                              # the tolerance is far below what training changed
     assert diff < TOL, diff
     assert all(torch.isfinite(v).all() for v in w2.values())
+
+
+def test_two_process_resume_reproduces_the_uninterrupted_run(tiny_llama_dir, two_proc_run):
+    """Resume under 2 processes from the kept phase-1 checkpoint (safetensors + JSON, written by rank 0 only)
+    gives the uninterrupted 2-process run's weights bit for bit."""
+    root = two_proc_run
+    ck = root / "two.checkpoints" / "checkpoint-1"
+    assert {"trainer_state.json", "trainer_state.safetensors", "model.safetensors"} <= {p.name for p in ck.iterdir()}
+    assert not any(p.suffix in (".pt", ".bin", ".pkl") for p in ck.iterdir())
+    out3 = root / "three"
+    _torchrun(root, tiny_llama_dir, out3, "--save-every", "1", "--keep-checkpoints", "--checkpoint-dir",
+              str(root / "two.checkpoints"),
+              "--resume")
+    w3, w2 = _weights(out3), _weights(root / "two")
+    assert all(torch.equal(w3[k], w2[k]) for k in w2)
+    assert [json.loads(x)["step"] for x in (out3 / "metrics.jsonl").read_text().splitlines()] == [1, 2, 3, 4]
