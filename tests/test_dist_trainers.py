@@ -88,10 +88,16 @@ for t in range(5):
     steps.append({"stats": st.as_dict(), "gamma": dict(clipper.gamma), "t": clipper.step,
                   "moved": sorted(k for k in before if not torch.equal(before[k], after[k]))})
 params = {k.removeprefix("module."): full(p).flatten().tolist() for k, p in model.named_parameters()}
+from llmtool.core.trainer import full_state_dict  # noqa: E402  (what train pretrain|sft save with)
+
+sd = full_state_dict(model)
+sd = None if sd is None else {k: v.flatten().tolist() for k, v in sd.items()}
 if rank == 0:
-    json.dump({"steps": steps, "params": params, "stale_raised": stale_raised}, open(out, "w"))
+    with open(out, "w") as fh:
+        json.dump({"steps": steps, "params": params, "stale_raised": stale_raised, "full_sd": sd}, fh)
 else:
-    json.dump({"steps": steps}, open(out + f".rank{rank}", "w"))
+    with open(out + f".rank{rank}", "w") as fh:
+        json.dump({"steps": steps, "full_sd": sd}, fh)
 if mode != "single":
     dist.destroy_process_group()
 '''
@@ -167,6 +173,10 @@ def test_adagc_ddp_and_fsdp2_clip_like_one_process(tmp_path):
         assert all(v == v and abs(v) != float("inf") for v in got[3]["gamma"].values()) and got[3]["t"] == 3
         for k, v in res["single"]["params"].items():
             assert res[mode]["params"][k] == pytest.approx(v, abs=ATOL), (mode, k)
+    # the state dict the CLI saves: FSDP2 gathers the full tensors on rank 0 only; plain models need no copy
+    assert res["fsdp2"]["full_sd"] == res["fsdp2"]["params"]
+    assert json.loads((tmp_path / "fsdp2.json.rank1").read_text())["full_sd"] == {}
+    assert res["ddp"]["full_sd"] is None and res["single"]["full_sd"] is None
     # a clipper bound before fully_shard replaced the parameters refuses instead of clipping nothing
     assert "none of the 6 bound parameters has a gradient" in res["fsdp2"]["stale_raised"]
     assert res["ddp"]["stale_raised"] is None                  # DDP keeps the parameters: nothing to rebind

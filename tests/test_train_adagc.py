@@ -329,6 +329,20 @@ def test_deepspeed_zero2_refused():
         refuse_deepspeed_zero(type("A", (), {"deepspeed": {"zero_optimization": {"stage": 2}}})())
 
 
+@pytest.mark.parametrize("stage,needle", [("1", "steps the optimizer inside backward"), ("3", "shards the gradients")])
+def test_clip_policies_refuse_deepspeed_launches(monkeypatch, stage, needle):
+    """Under accelerate, DeepSpeed steps inside backward (ZeRO-0/1) or shards gradients (ZeRO-2/3): either way a
+    pre-step clipping policy cannot act, so `train pretrain|sft` refuses instead of clipping after the update."""
+    from llmtool.train.pretrain import check_distributed
+
+    monkeypatch.setenv("ACCELERATE_USE_DEEPSPEED", "true")
+    monkeypatch.setenv("ACCELERATE_DEEPSPEED_ZERO_STAGE", stage)
+    with pytest.raises(UsageError, match=needle):
+        check_distributed()
+    monkeypatch.setenv("ACCELERATE_USE_DEEPSPEED", "false")
+    check_distributed()
+
+
 @pytest.mark.slow
 def test_benchmark_subset_adagc_absorbs_a_garbage_fault_better_than_global(tmp_path):
     """The issue's `make test-slow` subset: 1 seed, 1,000 updates of the tiny-Llama benchmark with a garbage

@@ -61,9 +61,11 @@ def init() -> None:
 
     if tdist.is_available() and tdist.is_initialized():
         return
+    import torch
     from accelerate import PartialState
 
-    PartialState()
+    # cpu=True without CUDA: otherwise accelerate sets up a CPU launch as DistributedType.NO (one process each)
+    PartialState(cpu=not torch.cuda.is_available())
 
 
 def _group_ready() -> bool:
@@ -129,6 +131,7 @@ def output_dir(out: Path, overwrite: bool = False) -> Iterator[Path]:
     """The main process: :func:`llmtool.core.checkpoint.atomic_output` (a temporary dir renamed to OUT on
     success). Any other rank: a private scratch directory outside OUT's parent, removed at the end, so
     exactly one OUT exists whatever the number of processes. Non-main ranks are also made quiet."""
+    init()  # every rank joins the process group before any work (the Trainer and collectives reuse it)
     if is_main():
         from llmtool.core.checkpoint import atomic_output
 
@@ -138,7 +141,6 @@ def output_dir(out: Path, overwrite: bool = False) -> Iterator[Path]:
     from llmtool.core.console import OPTIONS
 
     OPTIONS.quiet = True
-    init()
     tmp = Path(tempfile.mkdtemp(prefix=f"llmtool-rank{rank()}-"))
     try:
         yield tmp

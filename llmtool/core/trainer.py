@@ -228,15 +228,19 @@ def sft(model, tokenizer, examples: Sequence[dict], args: TrainArgs | None = Non
             "args": asdict(args)}
 
 
-def full_state_dict(model) -> dict:
-    """The model's full (unsharded) state dict on every rank: DTensor entries (FSDP2) are gathered with
-    ``full_tensor()``, a collective, so every rank must call this; plain tensors are returned as they are."""
-    out = {}
-    for k, v in model.state_dict().items():
-        if hasattr(v, "full_tensor") and hasattr(v, "placements"):
-            v = v.full_tensor()
-        out[k] = v.detach().cpu() if hasattr(v, "detach") else v
-    return out
+def full_state_dict(model) -> dict | None:
+    """What ``save_pretrained(state_dict=...)`` needs on the main process after multi-process training.
+
+    Plain parameters (one process, DDP, ZeRO-1): ``None`` (the model's own state dict, no copy). DTensor
+    parameters (FSDP2): the full state dict gathered shard by shard into CPU memory of rank 0 only
+    (``torch.distributed.checkpoint``'s ``full_state_dict`` + ``cpu_offload``; other ranks get an empty
+    dict), a collective that every rank must call, so that no rank ever holds a full copy on the GPU and
+    ranks > 0 none at all."""
+    if not any(hasattr(p, "placements") and hasattr(p, "full_tensor") for p in model.parameters()):
+        return None
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+    return get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
 
 
 def pack_texts(tokenizer, texts: Sequence[str], block: int, max_blocks: int | None = None) -> list[dict]:

@@ -180,7 +180,9 @@ def _update(acc, model, opt, sched, loss) -> None:
 def _accelerator():
     from accelerate import Accelerator
 
-    return Accelerator()
+    # cpu=True on a machine without CUDA: without it accelerate treats a CPU launch of N processes as N
+    # independent single-process runs (DistributedType.NO), which would train N unsynchronised proxies
+    return Accelerator(cpu=not torch.cuda.is_available())
 
 
 def epochs_needed(weights: np.ndarray, data: DomainData, s: ProxySettings, steps: int) -> np.ndarray:

@@ -10,6 +10,12 @@ corpus is packed into ``--max-length`` blocks; the last ``--val-blocks`` blocks 
 validation loss. The Trainer's own clipping is off (``max_grad_norm=0``) whenever a ``--clip`` policy
 is used, so the policy sees the accumulated, unclipped gradient exactly once per optimizer update.
 Lion (Chen et al. 2023): u = sign(beta1 m + (1 - beta1) g), p -= lr (u + wd p), m = beta2 m + (1 - beta2) g.
+
+Multi-process: the clipper is built here from the unwrapped model and rebound by ``ClipCallback`` to the
+parameters the optimizer updates (FSDP2 replaces them inside ``Trainer.train``); its norms are global across
+ranks (``llmtool.train.adagc``). DeepSpeed is refused (:func:`check_distributed`). ``--optimizer muon`` under
+FSDP2 is not supported by torch's Muon on DTensor shards (2-D orthogonalisation needs the whole matrix) and
+is refused there.
 """
 from __future__ import annotations
 
@@ -124,10 +130,13 @@ def _fault_trainer_cls(faults: Faults, vocab_size: int, seed: int):
 
 
 def _fault_hooks(faults: Faults, model: torch.nn.Module):
-    params = dict(model.named_parameters())
+    from llmtool.train.adagc import canonical_name
+
     saved: dict[int, float] = {}
 
     def pre(step, _model, optimizer):
+        # the parameters the optimizer updates now (FSDP2 replaced the ones of ``model`` inside Trainer.train)
+        params = {canonical_name(n): p for n, p in (_model if _model is not None else model).named_parameters()}
         for f in faults.grad_spikes:
             p = params[f.tensor]
             if f.active(step) and p.grad is not None:
@@ -174,12 +183,19 @@ def _progress_callback(name: str):
 
 
 def check_distributed() -> None:
-    """Refuse DeepSpeed ZeRO >= 2 launched through accelerate (per-tensor gradients are sharded)."""
+    """Refuse DeepSpeed (any ZeRO stage) launched through accelerate for the ``--clip`` policies.
+
+    ZeRO >= 2 shards the gradients, so no rank sees a whole tensor. ZeRO-0/1 would give whole gradients, but
+    under accelerate the DeepSpeed engine takes its optimizer step *inside* ``accelerator.backward`` (accelerate's
+    ``DeepSpeedEngineWrapper.backward`` calls ``engine.step()``), before the Trainer's ``on_pre_optimizer_step``
+    where the policy clips: the policy would run after the update it is meant to shape. FSDP2 (which also
+    shards the optimizer state, like ZeRO-1) and DDP run the policy before the step."""
     if os.environ.get("ACCELERATE_USE_DEEPSPEED", "").lower() in ("1", "true"):
-        stage = os.environ.get("ACCELERATE_DEEPSPEED_ZERO_STAGE")
-        if stage is not None and stage.isdigit() and int(stage) >= 2:
-            raise UsageError(f"--clip needs whole per-tensor gradients; DeepSpeed ZeRO stage {stage} shards them. "
-                             "Use ZeRO stage 0/1, DDP or FSDP2.")
+        stage = os.environ.get("ACCELERATE_DEEPSPEED_ZERO_STAGE", "?")
+        why = ("shards the gradients, so no rank sees a whole tensor" if stage.isdigit() and int(stage) >= 2 else
+               "steps the optimizer inside backward under accelerate, before any clipping callback can run")
+        raise UsageError(f"--clip policies do not run under DeepSpeed (ZeRO stage {stage} {why}); launch with an "
+                         "FSDP2 or DDP accelerate config (examples/accelerate/fsdp2.yaml, ddp.yaml)")
 
 
 @torch.no_grad()
@@ -207,6 +223,10 @@ def train_with_clipper(model, tokenizer, examples: Sequence[dict], args: TrainAr
     (e.g. an optimizer from another library; recorded under its ``__name__``). ``callbacks``: extra
     ``TrainerCallback`` objects (timers, loggers) run after the clipping callback."""
     check_distributed()
+    if optimizer == "muon" and os.environ.get("ACCELERATE_USE_FSDP", "").lower() in ("1", "true"):
+        raise UsageError("--optimizer muon is not supported under FSDP2 (its orthogonalisation needs whole "
+                         "matrices and its inner optimizers are not re-pointed at the sharded parameters); "
+                         "use adamw/lion/sgd or a DDP launch")
     faults = faults or Faults()
     args.max_grad_norm = 0.0           # the policy clips, never the Trainer
     args.logging_steps = 1
