@@ -125,7 +125,7 @@ def remaining(todo: list[tuple[float, str]], done: dict[str, list[float]], elaps
         return f"; all runs done in {elapsed / 60:.1f} min"
     every = [t for ts in done.values() for t in ts]
     est = sum(sum(done[m]) / len(done[m]) if m in done else sum(every) / len(every) for _, m in todo)
-    return f"; about {est / 60:.0f} min left ({len(todo)} runs)"
+    return f"; about {est / 60:.0f} min left ({len(todo)} run{'s' if len(todo) > 1 else ''})"
 
 
 def write(args, rows, markdown_table) -> None:
