@@ -139,8 +139,12 @@ def _hidden_embed(model, rollouts, pad_id: int, device, batch_size: int) -> torc
     for s in range(0, len(rollouts), batch_size):
         chunk = rollouts[s:s + batch_size]
         ids, att, resp = _pad_batch(chunk, pad_id)
-        h = model(input_ids=ids.to(device), attention_mask=att.to(device), use_cache=False,
-                  output_hidden_states=True).hidden_states[-1][:, 1:].float().cpu()
+        kw = dict(input_ids=ids.to(device), attention_mask=att.to(device), use_cache=False, output_hidden_states=True)
+        try:  # only the hidden states are used: no [B, T, V] logits (the memory peak at a large vocabulary)
+            res = model(**kw, logits_to_keep=1)
+        except TypeError:
+            res = model(**kw)
+        h = res.hidden_states[-1][:, 1:].float().cpu()
         m = resp.to(h.dtype)[..., None]  # hidden state at position t predicts token t+1 → response positions
         out.append((h * m).sum(1) / m.sum(1).clamp_min(1.0))
     model.train(was)
