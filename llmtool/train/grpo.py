@@ -599,12 +599,18 @@ class GRPOTrainerLoop:
         }
         if s.marker:
             st["marker_freq"] = allr[:, 4].mean().item()
-        keys = sorted(k for k, v in shape_stats.items() if isinstance(v, (int, float)) and not isinstance(v, bool))
-        vals = self._all_reduce([shape_stats[k] for k in keys])
-        for k, v in shape_stats.items():
-            st[k] = v
-        for k, v in zip(keys, vals):
-            st[k] = v / self.world  # the mean over ranks of a per-rank statistic
+        # a shaper's statistics: the mean over the ranks that have a number for it (a shaper sets the same keys
+        # on every call, so every rank reduces the same vector; None where a rank had nothing to measure)
+        keys = sorted(shape_stats)
+        flat = []
+        for k in keys:
+            v = shape_stats[k]
+            num = isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+            flat += [float(v) if num else 0.0, 1.0 if num else 0.0]
+        red = self._all_reduce(flat)
+        for i, k in enumerate(keys):
+            total, count = red[2 * i], red[2 * i + 1]
+            st[k] = total / count if count else shape_stats[k]
         return st
 
     def run_phase(self) -> list[dict]:
