@@ -453,3 +453,22 @@ def test_the_suite_detects_escapes_when_the_kernel_layers_are_off(tmp_path, monk
                for r in records)
     records = run_hostile_suite(tmp_path / "hook", ["hook_tamper_traceback", "stat_probe"], wrapper=env)
     assert [r["name"] for r in records if r["blocked"]] == [], records
+
+
+@linux_only
+def test_half_built_namespaces_fall_back_to_landlock_once(monkeypatch):
+    """A child that created its namespaces but could not set them up (e.g. uid_map not writable) runs
+    nothing; the run is restarted without namespaces, and later runs skip them."""
+    from llmtool.core import sandbox as sb
+
+    if not _layers("userns").get("landlock") or not _layers().get("mountns"):
+        pytest.skip("needs Landlock and user namespaces")
+    ll, ns = sb._module_sources()
+    broken = ns.replace('os.makedirs(newroot + "/.old-root")', 'raise OSError(1, "simulated")')
+    assert broken != ns
+    monkeypatch.setattr(sb, "_module_sources", lambda: (ll, broken))
+    monkeypatch.setattr(sb, "_USERNS_BROKEN", [])
+    res = run_python("print(open('in.txt').read())", files={"in.txt": "once"})
+    assert res.stdout == "once\n" and res.layers["landlock"] and not res.layers["mountns"], res
+    assert sb._USERNS_BROKEN and "simulated" in sb._USERNS_BROKEN[0]
+    assert not run_python("pass").layers["userns"]

@@ -199,6 +199,9 @@ def _boot():
             g["enter"](P["root"], tmp, ro, ro_files, disk_kb, inodes)
             layers.update(userns=True, mountns=True, netns=True, disk_cap="tmpfs %d MB, %d files" % (
                 L["disk_mb"], L["max_files"]))
+        except g.get("HalfEntered", ()) as e:
+            emit({"layers": layers, "retry_without_userns": str(e)})
+            os._exit(%(refused_rc)d)
         except BaseException as e:
             why.append("user/mount namespaces: %s" % (e,))
             if os.getcwd() != tmp:
@@ -585,8 +588,14 @@ def _module_sources() -> tuple[str, str]:
     return ll, ns
 
 
+# set once a child could create the namespaces but not set them up (e.g. uid_map not writable): later
+# children of this process skip them instead of failing the same way
+_USERNS_BROKEN: list[str] = []
+
+
 def _disabled() -> list[str]:
-    return sorted({s.strip() for s in os.environ.get(DISABLE_ENV, "").split(",") if s.strip()})
+    off = {s.strip() for s in os.environ.get(DISABLE_ENV, "").split(",") if s.strip()}
+    return sorted(off | ({"userns"} if _USERNS_BROKEN else set()))
 
 
 def default_wrapper() -> list[str] | None:
@@ -688,6 +697,7 @@ def _spawn(payload: dict, limits: SandboxLimits, files: dict[str, str] | None, w
     Returns ``(rc, stdout, stderr, timed_out, seconds, overflow, records)``; ``records`` are the result
     channel's JSON records carrying this run's token (anything else on that pipe is dropped)."""
     sc = _seccomp_info()
+    args = (payload, limits, files, wrapper, stdout_cap, result_cap, _audit_hook)
     if wrapper is None:
         wrapper = default_wrapper()
     base = os.path.realpath(tempfile.mkdtemp(prefix="llmtool-sbx-"))
@@ -777,14 +787,18 @@ def _spawn(payload: dict, limits: SandboxLimits, files: dict[str, str] | None, w
                 continue
             if isinstance(rec, dict) and rec.get("t") == token:
                 records.append(rec)
-        if records and "refused" in records[0]:
+        if records and "retry_without_userns" in records[0] and not _USERNS_BROKEN:
+            _USERNS_BROKEN.append(str(records[0]["retry_without_userns"]))
+        elif records and "refused" in records[0]:
             _refusal(records[0])
-        return proc.returncode, r_out.data(), r_err.data(), timed_out, seconds, overflow["hit"], records
+        else:
+            return proc.returncode, r_out.data(), r_err.data(), timed_out, seconds, overflow["hit"], records
     finally:
         for fd in (rfd, wfd):
             if fd is not None:
                 os.close(fd)
         shutil.rmtree(base, ignore_errors=True)
+    return _spawn(*args)     # the namespaces were half set up: once more without them (no code ran)
 
 
 def _violation(rc: int, stderr: str, timed_out: bool, overflow: bool, limits: SandboxLimits) -> str | None:

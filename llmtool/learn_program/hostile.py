@@ -204,6 +204,17 @@ PROGRAMS: dict[str, tuple[str, dict]] = {
         "attempt('list parent', lambda: 'canary' in os.listdir(os.path.dirname(canary)))\n"
         "attempt('scandir outside', lambda: any(True for _ in os.scandir(outside)))\n"
         "attempt('chdir outside', lambda: os.chdir(outside) or True)\n"), {}),
+    # the read-only system files the child can see (writing /dev/null or /dev/urandom is harmless)
+    "write_system_files": (_PRE + (
+        "def touch_same(p):\n"
+        "    st = os.stat(p)\n"
+        "    os.utime(p, ns=(st.st_atime_ns, st.st_mtime_ns))\n"
+        "    return True\n"
+        "for p in ('/etc/ld.so.cache', os.__file__, '/usr/lib/os-release'):\n"
+        "    attempt('open for writing ' + p, lambda p=p: os.close(os.open(p, os.O_WRONLY | os.O_APPEND)) or True)\n"
+        "    attempt('utime ' + p, lambda p=p: touch_same(p))\n"
+        "attempt('create next to the stdlib', lambda: os.close(os.open(os.path.dirname(os.__file__) + '/x.py', "
+        "os.O_WRONLY | os.O_CREAT)) or True)\n"), {}),
     "disk_fill": (_PRE + (
         "for i in range(6):\n"
         "    try:\n"
@@ -250,7 +261,8 @@ HARNESSED = ("result_forgery", "early_sys_exit", "early_os_exit", "always_equal"
 KERNEL_FILE_ATTACKS = ("write_outside", "append_outside_os_open", "symlink_escape", "dir_fd_escape",
                        "delete_outside", "remove_outside", "chmod_outside", "read_secret_file",
                        "hook_tamper_traceback", "subclasses_traversal", "gc_traversal", "rename_race",
-                       "symlink_race", "hard_link", "stat_probe", "disk_fill", "inode_fill")
+                       "symlink_race", "hard_link", "stat_probe", "write_system_files", "disk_fill",
+                       "inode_fill")
 
 _TOUCHED = ("write.txt", "osopen.txt", "symlink.txt", "dirfd.txt", "patched.txt", "system.txt",
             "subprocess.txt", "popen.txt", "exec.txt", "spawn.txt", "fork.txt", "ctypes.txt", "hook.txt")
