@@ -472,3 +472,42 @@ def test_half_built_namespaces_fall_back_to_landlock_once(monkeypatch):
     assert res.stdout == "once\n" and res.layers["landlock"] and not res.layers["mountns"], res
     assert sb._USERNS_BROKEN and "simulated" in sb._USERNS_BROKEN[0]
     assert not run_python("pass").layers["userns"]
+
+
+@linux_only
+def test_issue_39_reproduction_learn_program_selects_no_escape(tmp_path):
+    """The issue's end-to-end case: a replayed candidate walks a blocked call's traceback into the hook,
+    empties its tables, then writes/deletes/lists outside. Now nothing outside changes and the candidate
+    is failed (its blocked call left a violation)."""
+    import json
+
+    from llmtool.learn_program.tasks import generate, write_dataset
+
+    from conftest import run_cli
+
+    d = tmp_path / "data"
+    d.mkdir()
+    write_dataset(generate("parity_all", 10, 40, 40, 40, seed=1), d)
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "keep.txt").write_text(FILE_SECRET)
+    prog = (
+        "import os\n"
+        "try:\n    os.remove(%r)\nexcept BaseException as e:\n    tb = e.__traceback__\n"
+        "while tb is not None:\n"
+        "    for v in list(tb.tb_frame.f_locals.values()):\n"
+        "        if isinstance(v, (dict, set)) and tb.tb_frame.f_code.co_name in ('hook', 'deny'):\n"
+        "            v.clear()\n"
+        "    tb = tb.tb_next\n"
+        "for f in (lambda: open(%r, 'w').write('x'), lambda: os.remove(%r), lambda: os.listdir(%r)):\n"
+        "    try:\n        f()\n    except OSError:\n        pass\n"
+        "def f(x):\n    return x.count('1') %% 2\n"
+    ) % (str(outside / "keep.txt"), str(outside / "pwned.txt"), str(outside / "keep.txt"), str(outside))
+    replay = tmp_path / "r.jsonl"
+    replay.write_text(json.dumps({"code": prog}) + "\n")
+    code, _, err = run_cli("learn-program", tmp_path / "run", "--data", d, "--proposer", f"replay:{replay}")
+    assert code == 0, err
+    cand = json.loads((tmp_path / "run" / "candidates.jsonl").read_text())
+    assert cand["error"] and "violation" in cand["error"] and cand["val_acc"] == 0.0, cand
+    assert sorted(p.name for p in outside.iterdir()) == ["keep.txt"]
+    assert (outside / "keep.txt").read_text() == FILE_SECRET
