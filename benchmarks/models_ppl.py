@@ -16,7 +16,7 @@ Two protocols, both on disjoint windows of --seqlen tokens:
 * ``bos``: each window is the tokenizer's BOS followed by S-1 text tokens and every text token is scored
   (the first one given BOS alone), for models whose tokenizer adds a BOS to plain text (Gemma's does; a
   Gemma model without its `<bos>` attention sink is far worse: see the table). Exact bits per byte.
-    python benchmarks/models_ppl.py                       # 24k characters, ~15 min on 2 loaded cores
+    python benchmarks/models_ppl.py                       # 12k characters: minutes per model on 2 free cores
     python benchmarks/models_ppl.py --chars 100000 --models gemma3-270m
 """
 from __future__ import annotations
@@ -81,7 +81,7 @@ def bos_ppl(alias: str, text: str, seqlen: int, threads: int) -> dict | None:
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--models", nargs="+", default=MODELS)
-    p.add_argument("--chars", type=int, default=24000, help="First N characters of austen-test.")
+    p.add_argument("--chars", type=int, default=12000, help="First N characters of austen-test.")
     p.add_argument("--seqlen", type=int, default=512)
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--no-bos", action="store_true", help="Only the cli protocol.")
@@ -116,8 +116,13 @@ def main() -> None:
                                  "ppl": round(rb["ppl"], 2),
                                  "bits/byte": round(rb["total_nll"] / math.log(2) / nbytes, 4), "s": rb["seconds"]})
                     print(json.dumps(rows[-1]), flush=True)
+            write(a, rows, runs, nbytes)  # after every model: a partial run leaves its rows
+
+
+def write(a, rows: list[dict], runs: dict, nbytes: int) -> None:
     meta = {"data": "austen-test", "chars": a.chars, "bytes": nbytes, "seqlen": a.seqlen, "threads": a.threads,
             "command": "python benchmarks/models_ppl.py " + " ".join(sys.argv[1:]),
+            "models_requested": a.models, "models_done": list(runs),
             "weights": "float32 dequantized from the packaged 4-bit GGUFs (Q4_1 SmolLM2, Q4_K_M Gemma 3 and Qwen2.5)"}
     a.out.parent.mkdir(parents=True, exist_ok=True)
     a.out.with_suffix(".json").write_text(json.dumps({"meta": meta, "rows": rows, "runs": runs}, indent=2))
@@ -126,8 +131,9 @@ def main() -> None:
           "Per-token perplexity depends on the tokenizer; bits per byte compares the models. `cli` = "
           "`llmtool evaluate ppl` (no special tokens); `bos` = each window starts with the tokenizer's BOS.", "",
           markdown_table(rows), ""]
+    if len(runs) < len(a.models):
+        md.append(f"Partial run: {len(runs)} of {len(a.models)} models ({', '.join(a.models[len(runs):])} not yet).\n")
     a.out.with_suffix(".md").write_text("\n".join(md))
-    print(a.out.with_suffix(".md").read_text())
 
 
 if __name__ == "__main__":
