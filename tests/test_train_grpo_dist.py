@@ -100,6 +100,11 @@ def test_two_process_resume_reproduces_the_uninterrupted_run(tiny_llama_dir, two
     ck = root / "two.checkpoints" / "checkpoint-1"
     assert {"trainer_state.json", "trainer_state.safetensors", "model.safetensors"} <= {p.name for p in ck.iterdir()}
     assert not any(p.suffix in (".pt", ".bin", ".pkl") for p in ck.iterdir())
+    # one process cannot continue it: data order and mini-batches depend on the number of processes
+    code, _, err = run_cli("train", "grpo", tiny_llama_dir, root / "one-resumed", *COMMON, "--prompts-per-rollout",
+                           "2", "--mini-batch", "4", "--save-every", "1", "--checkpoint-dir",
+                           root / "two.checkpoints", "--resume")
+    assert code == 2 and "processes" in err and not (root / "one-resumed").exists()
     out3 = root / "three"
     _torchrun(root, tiny_llama_dir, out3, "--save-every", "1", "--keep-checkpoints", "--checkpoint-dir",
               str(root / "two.checkpoints"),

@@ -150,9 +150,14 @@ def grpo(
         raise UsageError(f"--resume: no complete checkpoint under {ckpt_root}")
     if start is not None:
         check_resume_dir(start)  # the checks a MODEL argument gets; a pickle file is refused, never opened
+    import torch
+    from accelerate import PartialState
+
+    dist = PartialState(cpu=not torch.cuda.is_available())  # torchrun / accelerate launch: one per process
     config = {"method": "grpo", "reward": rcfg.as_dict(), "shaping": shaping.as_dict(),
               **{k: v for k, v in vars(settings).items()}, "data": str(data),
-              "rollout_endpoint": rollout_endpoint, "rollout_model": rollout_model, "engine": engine}
+              "rollout_endpoint": rollout_endpoint, "rollout_model": rollout_model, "engine": engine,
+              "processes": dist.num_processes}  # data order and mini-batches depend on it: --resume checks it
     if engine == "trl":
         config["vllm"] = vllm
     if rollout_endpoint:
@@ -166,10 +171,6 @@ def grpo(
         diff = [k for k in saved if k not in ("steps", "save_every") and saved.get(k) != config.get(k)]
         if diff:
             raise UsageError(f"--resume: the checkpoint {start} was made with different settings ({', '.join(diff)})")
-    import torch
-    from accelerate import PartialState
-
-    dist = PartialState(cpu=not torch.cuda.is_available())  # torchrun / accelerate launch: one per process
     main = dist.is_main_process
     if rollout_endpoint and steps > 1 and main:
         info(f"warning: --allow-stale-rollouts: phases 2..{steps} sample from the server's initial weights "
