@@ -65,9 +65,10 @@ COMMANDS = {
                  "full-rank factors (fused and per-module) reload to the original logits"),
     "quantize rtn": ("CLI W4A16 + `llmtool.load`", "the reloaded model equals RTN applied to every block Linear "
                      "(fused ones included) of the original"),
-    "quantize quarot": ("library `quantize_` W16A16", "rotations without quantization leave the logits unchanged"),
-    "quantize respinquant": ("library `quantize_` W16A16, 0 training steps",
-                             "rotations and residual transitions without quantization leave the logits unchanged"),
+    "quantize quarot": ("CLI W16A16 + `llmtool.load`", "rotations without quantization leave the logits unchanged"),
+    "quantize respinquant": ("library `quantize_` W16A16, 2 rotation-learning steps, rank = hidden",
+                             "learned rotations and residual transitions without quantization leave the logits "
+                             "unchanged"),
     "kvcache snapkv": ("library `kvcache.pipeline.generate`", "full-budget eviction decodes the same tokens as "
                        "plain greedy decoding (sliding layers included); at budget 0.5 sliding layers keep every entry"),
     "edit memit": ("library `memit.edit_batch`, one request, λ = 0",
@@ -88,7 +89,6 @@ REFUSED: dict[tuple[str, str], str] = {
     **{("compress", f): _EXPERTS for f in ("qwen3_moe", "mixtral")},
     **{(c, f): _EXPERTS for c in ("quantize rtn",) + _ROT for f in ("qwen3_moe", "mixtral")},
     **{(c, "qwen2"): arch.P_BIAS for c in ("quantize rtn",) + _ROT},
-    **{(c, f): arch.P_POST_NORMS for c in _ROT for f in ("gemma2", "gemma3_text")},
     **{("edit memit", f): _EXPERTS for f in ("qwen3_moe", "mixtral")},
     **{("edit keystone", f): _EXPERTS for f in ("qwen3_moe", "mixtral")},
 }
@@ -96,7 +96,6 @@ REFUSED: dict[tuple[str, str], str] = {
 REASONS = {
     _EXPERTS: "3-D expert tensors, not Linears",
     arch.P_BIAS: "QuantLinear has no bias",
-    arch.P_POST_NORMS: "a rotation does not commute with the post-norm gain",
 }
 
 
@@ -239,14 +238,23 @@ def cell_rtn(family, d, tmp):
 
 def _rotation_cell(method):
     def cell(family, d, tmp):
+        import llmtool
         from llmtool.quantize.api import quantize_
         from llmtool.quantize.runner import check_family, make_config
 
         check_family(json.loads((d / "config.json").read_text()), method)   # the preflight's refusal
         model, ids = _load(d), _ids()
         before = _logits(model, ids)
-        extra = {"train_steps": 0} if method == "respinquant" else {}
-        quantize_(model, make_config(method, w_bits=16, a_bits=16, **extra))
+        if method == "quarot":   # the CLI, its checkpoint format and llmtool.load
+            code, _, err = run_cli("quantize", "--method", "quarot", d, tmp / "q", "--w-bits", "16", "--a-bits",
+                                   "16", "--weight-algorithm", "rtn", "--no-eval")
+            assert code == 0, err
+            _close(_logits(llmtool.load(tmp / "q"), ids), before, 1e-4)
+            return
+        # learned rotations (2 Cayley steps through the training view), transitions kept exactly (rank = D)
+        calib = torch.cat([_ids(16, s) for s in range(2)])
+        quantize_(model, make_config(method, w_bits=16, a_bits=16, train_steps=2, train_seqlen=16,
+                                     rank=model.config.hidden_size), calib)
         _close(_logits(model, ids), before, 1e-4)
     return cell
 
@@ -477,10 +485,12 @@ def test_broken_fused_slice_fails_the_rotation_property(family_dirs, tmp_path, m
     """Phi-3 with q and k swapped in the adapter's qkv_proj split: the QuaRot property check fails."""
     spec = arch.FAMILIES["phi3"]
     broken = dataclasses.replace(spec, fused={**spec.fused, "qkv": arch.Fused("self_attn.qkv_proj", ("q", "v", "k"))})
-    _rotation_cell("quarot")("phi3", family_dirs["phi3"], tmp_path)          # passes with the real adapter
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    _rotation_cell("quarot")("phi3", family_dirs["phi3"], tmp_path / "a")    # passes with the real adapter
     monkeypatch.setitem(arch.FAMILIES, "phi3", broken)
     with pytest.raises(AssertionError, match="relative max error"):
-        _rotation_cell("quarot")("phi3", family_dirs["phi3"], tmp_path)
+        _rotation_cell("quarot")("phi3", family_dirs["phi3"], tmp_path / "b")
 
 
 @pytest.mark.parametrize("change", [dict(norm="rmsnorm"), dict(mlp_out_norm=None)])
@@ -512,7 +522,9 @@ def test_broken_keystone_offset_fails_the_ablation_property(family_dirs, tmp_pat
 def _hostile(tmp_path, family, edit) -> tuple[int, str]:
     d = save_family(family, tmp_path / family)
     edit(d)
-    return run_cli("evaluate", "ppl", d, "--data", "x.txt")[::2]
+    text = tmp_path / "t.txt"
+    text.write_text(TINY_TEXT)
+    return run_cli("evaluate", "ppl", d, "--data", text)[::2]
 
 
 def _drop_key(key):

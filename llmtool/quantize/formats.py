@@ -11,7 +11,9 @@ Tensors (compressed-tensors "pack-quantized" naming): every quantized block Line
 compressed-tensors' little-endian int32 words; int3: 8 codes in 3 bytes), ``P.weight_scale``
 (fp16 [out, 1]) and ``P.weight_shape`` (int64 [2]); the weight is ``scale · (code − 2^(b−1))``.
 Embedding and lm_head are fp16, norms float32 (all ones after gain folding), and ReSpinQuant adds
-``model.layers.{i}.attn_transition.{basis,core}`` / ``mlp_transition.{basis,core}`` (float32).
+``model.layers.{i}.attn_transition.{basis,core}`` / ``mlp_transition.{basis,core}`` (float32); a rotated
+Gemma (``post_norm_rotation: true``) stores each sandwich post-norm as ``...{post_attention,post_feedforward}
+_layernorm.norm.weight`` plus its online ``rotation`` [D, D] (float32).
 The file is not servable by vLLM (the transitions and the online Hadamard need llmtool's modules);
 ``llmtool.load(dir)`` rebuilds the model and reproduces the in-memory quantized model exactly.
 """
@@ -44,7 +46,16 @@ def quant_block(cfg, rotated: bool, rank: int | None, model_config) -> dict:
                             "sizes": {"down_proj_input": model_config.intermediate_size,
                                       "factorization": list(factorize(model_config.intermediate_size))}},
         "residual_transition": None if rank is None else {"rank": int(rank), "dtype": "float32"},
+        # sandwich post-norms (Gemma) under a rotation: each post-norm output is rotated online
+        # (``...post_attention_layernorm.{norm.weight,rotation}``, ``...post_feedforward_layernorm.{...}``)
+        "post_norm_rotation": bool(rotated and _post_norms(model_config)),
     }
+
+
+def _post_norms(model_config) -> bool:
+    from llmtool.core import arch
+
+    return arch.is_supported(model_config) and bool(arch.arch_of(model_config).attn_out_norm)
 
 
 def storage_tensors(model, block: dict) -> dict[str, torch.Tensor]:
@@ -83,7 +94,8 @@ def save_quantized(model, out_dir: Path, source_dir: Path, block: dict) -> None:
 def build_structure(model, block: dict) -> None:
     """Give a freshly built HF model the llmtool_quant modules described by ``block``."""
     from llmtool.core import arch
-    from llmtool.quantize.modules import LowRankTransition, QuantLinear, enable_kv_quant, install_transitions
+    from llmtool.quantize.modules import (LowRankTransition, QuantLinear, enable_kv_quant, install_post_norm_rotations,
+                                          install_transitions)
 
     w, a, kv = block["weights"], block["activations"], block["kv_cache"]
     had = block["online_hadamard"]["down_proj_input"]
@@ -106,6 +118,9 @@ def build_structure(model, block: dict) -> None:
             arch.set_linear(layer, role, q)
         if trans is not None:
             install_transitions(layer, LowRankTransition(hidden, trans["rank"]), LowRankTransition(hidden, trans["rank"]))
+        if block.get("post_norm_rotation"):
+            eye = torch.eye(hidden)
+            install_post_norm_rotations(layer, eye, eye)
     if kv["bits"] < 16:
         enable_kv_quant(model, decoder_layers(model), kv["bits"], kv["group_size"])
 

@@ -261,16 +261,47 @@ class DenseTransition(nn.Module):
         return h if self.matrix is None else h @ self.matrix.to(h.dtype)
 
 
+class RotatedNorm(nn.Module):
+    """A sandwich post-norm followed by an online rotation: ``x ↦ norm(x) R`` (Gemma 2/3 under a rotating
+    method; see :mod:`llmtool.quantize.rotations`). ``rotation`` is a buffer [D, D] (float32), or a tensor set
+    from outside while rotations are learned."""
+
+    def __init__(self, norm: nn.Module, rotation: torch.Tensor):
+        super().__init__()
+        self.norm = norm
+        self.register_buffer("rotation", rotation.detach().float().clone())
+        self.live = None   # a differentiable rotation while learning (respinquant.training_view)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        r = self.live if self.live is not None else self.rotation
+        return self.norm(x) @ r.to(x.dtype)
+
+
+def install_post_norm_rotations(layer: nn.Module, r_attn: torch.Tensor, r_mlp: torch.Tensor) -> None:
+    """Wrap the block's attention / MLP output norms (sandwich norms) in :class:`RotatedNorm`."""
+    from llmtool.core import arch
+
+    spec = arch.arch_of_layer(layer)
+    for path, r in ((spec.attn_out_norm, r_attn), (spec.mlp_out_norm, r_mlp)):
+        norm = layer.get_submodule(path)
+        if isinstance(norm, RotatedNorm):
+            norm.rotation.copy_(r.detach().float())
+        else:
+            arch.set_module(layer, path, RotatedNorm(norm, r))
+
+
 def _transition_forward(self, hidden_states, **kwargs):
     from llmtool.core import arch
 
     residual = self.attn_transition(hidden_states)
     h = arch.input_norm(self)(hidden_states)
     h, _ = arch.attention(self)(hidden_states=h, **kwargs)
-    hidden_states = residual + h
+    out_norm = arch.attn_out_norm(self)
+    hidden_states = residual + (h if out_norm is None else out_norm(h))
     residual = self.mlp_transition(hidden_states)
     h = arch.mlp(self)(arch.post_attention_norm(self)(hidden_states))
-    return residual + h
+    out_norm = arch.mlp_out_norm(self)
+    return residual + (h if out_norm is None else out_norm(h))
 
 
 _TRANSITION_CLASSES: dict[type, type] = {}

@@ -42,7 +42,8 @@ from llmtool.core.models import decoder_layers
 from llmtool.kernels.hadamard import hadamard_transform
 from llmtool.quantize import rotations as R
 from llmtool.quantize.configs import QuantConfig, RotationTrainingConfig
-from llmtool.quantize.modules import DenseTransition, disable_kv_quant, enable_kv_quant, install_transitions, remove_transitions
+from llmtool.quantize.modules import (DenseTransition, disable_kv_quant, enable_kv_quant, install_post_norm_rotations,
+                                      install_transitions, remove_transitions)
 from llmtool.quantize.quantizers import fake_quant_act_ste, fake_quant_weight_ste
 
 
@@ -76,6 +77,9 @@ def training_view(model, rot: R.RotationSet, cfg: QuantConfig):
             mods[name] = _TrainLinear(cfg, online_hadamard=name == "down")
             arch.set_linear(layer, name, mods[name])
         install_transitions(layer, DenseTransition(), DenseTransition())
+        if R.post_norms(model):   # sandwich norms: the online rotation after each post-norm, learned with the rest
+            eye = torch.eye(arch.hidden_size(model))
+            install_post_norm_rotations(layer, eye, eye)
         saved.append(keep)
         frozen.append(orig)
         train_mods.append(mods)
@@ -93,6 +97,8 @@ def training_view(model, rot: R.RotationSet, cfg: QuantConfig):
                 mod.weight_eff = torch.cat([w[r] for r in fused.roles]) if fused else w[name]
             t_attn, t_ffn = R.transitions(rot, i)
             layer.attn_transition.matrix, layer.mlp_transition.matrix = t_attn, t_ffn
+            if R.post_norms(model):
+                arch.attn_out_norm(layer).live, arch.mlp_out_norm(layer).live = rot.r2(i), rot.r1(i + 1)
 
     try:
         yield refresh
@@ -101,6 +107,8 @@ def training_view(model, rot: R.RotationSet, cfg: QuantConfig):
         h_lm.remove()
         for layer, keep in zip(layers, saved):
             remove_transitions(layer)
+            for path in (spec.attn_out_norm, spec.mlp_out_norm) if R.post_norms(model) else ():
+                arch.set_module(layer, path, layer.get_submodule(path).norm)   # fuse() installs the final ones
             for role, lin in keep.items():
                 arch.set_linear(layer, role, lin)
         if cfg.kv_bits < 16:

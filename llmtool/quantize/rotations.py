@@ -17,7 +17,20 @@ Per decoder layer i (D hidden, d head dim, L layers):
 
 Before rotating, :func:`prepare` unties ``lm_head`` from the embedding and folds every RMSNorm gain
 into the columns of the Linears that read the norm's output (gains become 1), so RMSNorm commutes with
-the rotations.
+the rotations. Gemma's ``(1 + w)`` norms fold their effective gain ``1 + w`` and are left with ``w = 0``.
+
+Sandwich post-norms (Gemma 2/3) [derived here]: the attention and MLP outputs pass through an RMSNorm
+``N(y) = g ⊙ y / rms(y)`` *before* the residual add. ``N(y R) ≠ N(y) R`` (the per-channel gain acts after
+normalisation), so a rotation cannot be fused into o_proj / down_proj rows. Instead those writers keep
+the original basis (only R3 on o_proj's columns and the down_proj input Hadamard are fused), the
+post-norm runs in the original basis with its own gain, and its output is rotated online into the
+stream's basis: ``N(y) R2[i]`` after attention, ``N(y) R1[i+1]`` after the MLP
+(:class:`llmtool.quantize.modules.RotatedNorm`, a D×D product per sublayer). Every Linear *input* is still
+rotated (q/k/v and gate/up read the rotated normalised stream, o_proj reads R3-rotated values, down_proj
+the Hadamard-rotated activations), which is what the quantizers need; the extra cost is two D×D
+products per layer. The pre-norms (input, pre-feedforward, final) are RMSNorms of the rotated stream and
+commute once their gains are folded. q/k norms (Qwen3, Gemma 3) act on head_dim after the projection and
+before RoPE: no rotation crosses them.
 
 Transition approximation (ReSpinQuant §3.5): Q = top-r left singular vectors of ``ΔT = T − I``,
 ``R̂ = polar(Qᵀ T Q)``, ``T̂ = I + Q (R̂ − I) Qᵀ`` (orthogonal whenever QᵀQ = I); stored as
@@ -148,19 +161,28 @@ def _blockdiag_cols(w: torch.Tensor, r: torch.Tensor, heads: int) -> torch.Tenso
     return torch.einsum("khd,de->khe", w.reshape(w.shape[0], heads, d), r).reshape(w.shape[0], heads * d)
 
 
+def post_norms(model_or_config) -> bool:
+    """Whether the family normalises the attention / MLP outputs (sandwich norms): its writers then stay in
+    the original basis and the rotation is applied online after the post-norm."""
+    spec = arch.arch_of(model_or_config)
+    return bool(spec.attn_out_norm or spec.mlp_out_norm)
+
+
 def layer_weights(orig: dict[str, torch.Tensor], rot: RotationSet, i: int, cfg) -> dict[str, torch.Tensor]:
     """Effective (rotated) weights of block i from its frozen prepared weights, keyed by role
-    (``q k v o gate up down``; differentiable)."""
+    (``q k v o gate up down``; differentiable). With sandwich post-norms (:func:`post_norms`) o_proj and
+    down_proj keep their output basis (the rotation follows the post-norm online)."""
     dt = orig["q"].dtype
     r1, r2, r1n, r3 = (rot.r1(i).to(dt), rot.r2(i).to(dt), rot.r1(i + 1).to(dt), rot.r3(i).to(dt))
+    online = post_norms(cfg)
     out = {
         "q": orig["q"] @ r1,
         "k": orig["k"] @ r1,
         "v": _blockdiag_rows(orig["v"] @ r1, r3, arch.n_kv_heads(cfg)),
-        "o": _blockdiag_cols(r2.T @ orig["o"], r3, arch.n_heads(cfg)),
+        "o": _blockdiag_cols(orig["o"] if online else r2.T @ orig["o"], r3, arch.n_heads(cfg)),
         "gate": orig["gate"] @ r2,
         "up": orig["up"] @ r2,
-        "down": r1n.T @ orig["down"],
+        "down": orig["down"] if online else r1n.T @ orig["down"],
     }
     return out
 
@@ -203,6 +225,11 @@ def fuse(model, rot: RotationSet) -> None:
         for r, w in layer_weights(orig, rot64, i, cfg).items():
             p = arch.role_weight(layer, r)   # a row view of qkv_proj / gate_up_proj where the family fuses
             p.copy_(w.to(p.dtype))
+    if post_norms(model):
+        from llmtool.quantize.modules import install_post_norm_rotations
+
+        for i, layer in enumerate(layers):
+            install_post_norm_rotations(layer, rot64.r2(i), rot64.r1(i + 1))
     emb = arch.embed(model).weight
     emb.copy_((emb.double() @ rot64.r1(0)).to(emb.dtype))
     lm = arch.lm_head(model).weight

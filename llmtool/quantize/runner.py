@@ -20,7 +20,8 @@ def make_config(method: str, **kw):
 def check_family(model_or_config, method: str) -> None:
     """Refuse the layout properties `quantize` cannot handle, by name (torch-free on a config dict):
     routed experts (3-D expert tensors are not Linears: QuantLinear and the packed format are per
-    Linear), biased projections (QuantLinear has no bias), and, for the rotating methods, sandwich norms."""
+    Linear) and biased projections (QuantLinear has no bias). Sandwich post-norms (Gemma) are handled by
+    an online rotation after the norm (:mod:`llmtool.quantize.rotations`)."""
     from llmtool.core import arch
 
     spec = arch.arch_of(model_or_config, "llmtool quantize")
@@ -32,11 +33,6 @@ def check_family(model_or_config, method: str) -> None:
         arch.require(model_or_config, "llmtool quantize", bias_free=True)
     except UsageError:
         arch.refuse(name, spec.family, arch.P_BIAS, "QuantLinear and the packed format carry no bias")
-    if method != "rtn" and (spec.attn_out_norm or spec.mlp_out_norm):
-        arch.refuse(name, spec.family, arch.P_POST_NORMS,
-                    "the residual rotation cannot be fused through the post-attention / post-feedforward norm "
-                    "(its per-channel gain acts after normalisation and does not commute with a rotation of its "
-                    "output; the online per-block rotation this would need is not built)")
 
 
 def config_check(cfg):
