@@ -16,6 +16,15 @@ Pretraining: :func:`pack_texts` turns a corpus into fixed-length ``{"input_ids"}
 ``llmtool train``) plug in through :class:`ClipCallback` with the Trainer's own clipping off
 (``max_grad_norm=0``); it writes one metrics JSONL record per optimizer update and saves/restores the
 transform's state next to the optimizer's in every ``checkpoint-*`` directory.
+
+Multi-process (``torchrun`` / ``accelerate launch``; issue 41): the Trainer already shards the data, reduces
+the logged loss and writes model/optimizer checkpoints from the main process; what is added here is the
+rest of the contract. ``sft`` writes ``metrics_path`` on the main process only; :class:`RankSeedCallback`
+gives ranks > 0 their own seed for anything drawn during training (the data order stays shared);
+:class:`ClipCallback` rebinds its policy to the wrapped (FSDP2) parameters, unscales fp16 gradients, clips
+identically on every rank and writes metrics and clipper files from the main process only;
+:func:`full_state_dict` gathers an FSDP2 model for saving on rank 0. Output directories are made
+rank-correct once for every command by :mod:`llmtool.core.dist` (through ``core.job``).
 """
 from __future__ import annotations
 

@@ -237,7 +237,7 @@ def train_cdpo(router, experts, tokenizer, vocab, pairs: Sequence[dict], targs, 
     from transformers import PrinterCallback
 
     from llmtool.core.console import UsageError
-    from llmtool.core.trainer import training_arguments
+    from llmtool.core.trainer import RankSeedCallback, training_arguments
 
     targs.validate()
     rows = encode_pairs(tokenizer, pairs, targs.max_length)
@@ -256,8 +256,8 @@ def train_cdpo(router, experts, tokenizer, vocab, pairs: Sequence[dict], targs, 
         router.head.requires_grad_(False)
     with tempfile.TemporaryDirectory(prefix="llmtool-cdpo-") as tmp:
         trainer = CDPOTrainer(model=router, args=training_arguments(targs, tmp), train_dataset=_Pairs(rows),
-                              data_collator=collate, callbacks=list(callbacks), route_experts=experts, vocab=vocab,
-                              route_args=rargs)
+                              data_collator=collate, callbacks=[RankSeedCallback(), *callbacks], route_experts=experts,
+                              vocab=vocab, route_args=rargs)
         trainer.remove_callback(PrinterCallback)
         t0 = time.time()
         res = trainer.train()
