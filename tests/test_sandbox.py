@@ -433,7 +433,8 @@ def test_cli_refuses_with_one_error_line_and_the_wrapper_is_the_way_out(tmp_path
     p = run_cli_subprocess("learn-program", tmp_path / "b", "--data", d, "--proposer", f"replay:{replay}",
                            "--sandbox-cmd", env, env=off, timeout=300)
     assert p.returncode == 0, p.stderr
-    assert json.loads((tmp_path / "b" / "summary.json").read_text())["best_val"] == 1.0
+    summ = json.loads((tmp_path / "b" / "summary.json").read_text())
+    assert summ["best_val"] == 1.0 and summ["sandbox_layers"]["wrapper"] and not summ["sandbox_layers"]["landlock"]
     p = run_cli_subprocess("learn-program", tmp_path / "c", "--data", d, "--proposer", f"replay:{replay}",
                            env={**off, WRAPPER_ENV: env}, timeout=300)
     assert p.returncode == 0, p.stderr
@@ -511,3 +512,5 @@ def test_issue_39_reproduction_learn_program_selects_no_escape(tmp_path):
     assert cand["error"] and "violation" in cand["error"] and cand["val_acc"] == 0.0, cand
     assert sorted(p.name for p in outside.iterdir()) == ["keep.txt"]
     assert (outside / "keep.txt").read_text() == FILE_SECRET
+    layers = json.loads((tmp_path / "run" / "summary.json").read_text())["sandbox_layers"]
+    assert layers == active_layers() and (layers["landlock"] or layers["mountns"])

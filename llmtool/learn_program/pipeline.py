@@ -22,7 +22,7 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 from llmtool.core.console import UsageError, info
-from llmtool.core.sandbox import SandboxLimits
+from llmtool.core.sandbox import SandboxLimits, active_layers
 from llmtool.learn_program import programs
 from llmtool.learn_program.proposers import Proposer
 from llmtool.learn_program.tasks import TASKS, Dataset, generate
@@ -190,6 +190,7 @@ def run_llmpv(ds: Dataset, proposer: Proposer, cfg: LLMPVConfig, out_dir: Path |
         "oracle_test_best": oracle,
         "timeout_s": cfg.timeout_s, "mem_mb": cfg.mem_mb,
         "sandbox_cmd": cfg.sandbox_cmd,
+        "sandbox_layers": active_layers(cfg.sandbox_cmd),   # what a candidate's process really got
         "proposals_per_s": n / propose_s if propose_s > 0 else None,
         "sandbox_executions_per_s": executions / sandbox_s if sandbox_s > 0 else None,
         "tokens": sum(c["tokens"] or 0 for c in all_cands),
