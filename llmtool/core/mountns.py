@@ -16,8 +16,9 @@ code; stdlib + ``ctypes`` only). Kernel interfaces: unshare(2), user_namespaces(
    linker cache) as a read-only bind of the host's file, and ``work`` as a *fresh tmpfs* with ``size=size_kb`` and ``nr_inodes=inodes``: the kernel caps
    the total bytes and the number of files the child can write (ENOSPC past the cap).
 3. ``pivot_root`` into the new root; the old root is detached (``umount2(MNT_DETACH)``), and the root
-   skeleton is remounted read-only. No ``/proc``, ``/sys``, ``/tmp``, ``/home``, ``/root`` or project dir
-   exists inside: ``stat`` probes of any path outside see ENOENT.
+   skeleton is remounted read-only. Nothing else exists inside -- no ``/proc``, ``/sys``, home, project or
+   data dir; of ``/tmp`` or a home dir only the empty directories leading to the working dir or the stdlib
+   -- so ``stat`` probes of any other path see ENOENT.
 4. All capabilities are dropped (``capset`` with empty sets), so the namespace's root cannot mount, unshare
    or change ids again (the sandbox's seccomp filter and Landlock deny those too).
 
