@@ -112,3 +112,29 @@ def test_two_process_resume_reproduces_the_uninterrupted_run(tiny_llama_dir, two
     w3, w2 = _weights(out3), _weights(root / "two")
     assert all(torch.equal(w3[k], w2[k]) for k in w2)
     assert [json.loads(x)["step"] for x in (out3 / "metrics.jsonl").read_text().splitlines()] == [1, 2, 3, 4]
+
+
+def test_a_rank_without_rollouts_in_a_mini_batch_keeps_ddp_in_step(tiny_llama_dir, tmp_path):
+    """``--mini-batch 1`` per process: each global mini-batch holds 2 rollouts, and for seed 0 four of the eight
+    land on one rank, so the other runs a zero-weighted backward to match DDP's collectives. The result still
+    equals one process with ``--mini-batch 2`` (micro-batches of 1: no padding, so bit for bit here)."""
+    import random
+
+    order = list(range(16))
+    random.Random(0 * 1000003 + 0).shuffle(order)   # the loop's phase-0 shuffle of the 16 global rollouts
+    ranks_per_step = [{(g // 4) % 2 for g in order[i:i + 2]} for i in range(0, 16, 2)]
+    assert any(len(r) == 1 for r in ranks_per_step)  # the empty-share path is exercised
+    common = ["--data", "gen:arith:8:1", "--steps", "1", "--group-size", "4", "--micro-batch", "1", "--batch-size", "4",
+              "--max-new-tokens", "5", "--lr", "1e-3", "--reward", "random:0.5", "--clip-eps", "0.1"]
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", "-m", "llmtool",
+           "train", "grpo", str(tiny_llama_dir), str(tmp_path / "two"), *common, "--prompts-per-rollout", "2",
+           "--mini-batch", "1"]
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=_env(tmp_path), timeout=300, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    code, _, err = run_cli("train", "grpo", tiny_llama_dir, tmp_path / "one", *common, "--prompts-per-rollout", "4",
+                           "--mini-batch", "2")
+    assert code == 0, err
+    w2, w1, w0 = _weights(tmp_path / "two"), _weights(tmp_path / "one"), _weights(tiny_llama_dir)
+    assert len(_metrics(tmp_path / "two")) == 8
+    assert max((w1[k] - w0[k]).abs().max().item() for k in w1) > 50 * TOL
+    assert max((w1[k] - w2[k]).abs().max().item() for k in w1) < TOL
