@@ -176,6 +176,10 @@ def run_autograder(chains: int, samples: int):
         "q1 grader": ("q1", G.GlmConfig(levels=(0, 10), effects=["grader"], **common)),
         "q2 no interaction": ("q2", G.GlmConfig(levels=(0, 10), effects=["grader", "LLM"], **common)),
         "q2 grader:LLM": ("q2", G.GlmConfig(levels=(0, 10), effects=["grader", "LLM"], interactions=["grader:LLM"], **common)),
+        "q3 hierarchical grader types": ("q3", G.GlmConfig(levels=(0, 10), effects=["LLM"], hierarchical="grader:grader_type",
+                                                          group_map={"Human": "human", "*": "model"}, **common)),
+        "q4 grader + LLM + item:grader": ("q4", G.GlmConfig(levels=(0, 10), effects=["grader", "item", "LLM"],
+                                                           interactions=["grader:item"], **common)),
         "q5 no length": ("q5", G.GlmConfig(outcome="first_is_chosen", kind="pairwise", effects=["llm_pair", "grader"], **common)),
         "q5 length:grader": ("q5", G.GlmConfig(outcome="first_is_chosen", kind="pairwise", effects=["llm_pair", "grader"],
                                                slopes=["length_diff:grader"], standardise=["length_diff"], **common)),
@@ -186,7 +190,7 @@ def run_autograder(chains: int, samples: int):
         f = G.fit(rows(q), cfg)
         ic = G.information_criteria(f)
         bias = [b for b in G.bias_table(f) if b["parameter"] in ("grader_effects", "grader_LLM_effects",
-                                                                   "length_diff_grader_slope")]
+                                                                   "length_diff_grader_slope", "type_diff")]
         out.append({"fit": label, "loo_elpd": ic["loo"]["elpd"], "loo_se": ic["loo"]["se"],
                     "max_r_hat": f.diagnostics["max_r_hat"], "min_ess": f.diagnostics["min_ess"],
                     "divergences": f.diagnostics["divergences"], "seconds": round(time.time() - t0, 1),
