@@ -352,3 +352,13 @@ def test_swap_interrupted_between_renames_restores_previous_out(tmp_path, monkey
     monkeypatch.setattr(Path, "rename", real_rename)
     assert (out / "f").read_text() == "previous"
     assert [q.name for q in tmp_path.iterdir()] == ["out"]
+
+
+def test_csv_field_over_the_default_limit_is_data(tmp_path):
+    """A field longer than csv's default 131,072-character limit was an internal `csv.Error`; the CLI raises
+    the limit, so it is read as data (here an item id of 140,000 characters in a results matrix)."""
+    rows = ["item_id,m1,m2", *(f"q{i},1,0" for i in range(20)), "q" + "x" * 140_000 + ",1,0"]
+    (tmp_path / "wide.csv").write_text("\n".join(rows) + "\n")
+    p = llmtool("evaluate", "sysr", "--responses", tmp_path / "wide.csv", "--budget", "10", "--json")
+    assert p.returncode == 0, p.stderr[-2000:]
+    assert json.loads(p.stdout)["best"] == "m1"  # m1 is right on every item, m2 on none
