@@ -148,6 +148,17 @@ def _raise_terminated(signum: int, frame: Any) -> None:
     raise Terminated()
 
 
+def _default_sigterm_in_child() -> None:
+    """A forked worker (a process pool) gets SIGTERM's default back: its parent's pool stops it with SIGTERM,
+    which must kill it, not unwind it as a command."""
+    if signal.getsignal(signal.SIGTERM) is _raise_terminated:
+        with contextlib.suppress(ValueError):
+            signal.signal(signal.SIGTERM, signal.SIG_DFL)
+
+
+os.register_at_fork(after_in_child=_default_sigterm_in_child)
+
+
 class AreaGroup(TyperGroup):
     """The root group: areas loaded lazily, globals hoisted, every error one line."""
 

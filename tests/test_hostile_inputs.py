@@ -362,3 +362,13 @@ def test_csv_field_over_the_default_limit_is_data(tmp_path):
     p = llmtool("evaluate", "sysr", "--responses", tmp_path / "wide.csv", "--budget", "10", "--json")
     assert p.returncode == 0, p.stderr[-2000:]
     assert json.loads(p.stdout)["best"] == "m1"  # m1 is right on every item, m2 on none
+
+
+def test_forked_workers_get_the_default_sigterm():
+    """Process-pool workers forked from a command must die on the SIGTERM their pool sends them, not unwind."""
+    code = ("import os, signal\nimport llmtool.cli as c\n"
+            "signal.signal(signal.SIGTERM, c._raise_terminated)\npid = os.fork()\n"
+            "if pid == 0:\n    os._exit(0 if signal.getsignal(signal.SIGTERM) == signal.SIG_DFL else 3)\n"
+            "_, status = os.waitpid(pid, 0)\nprint(os.waitstatus_to_exitcode(status))\n")
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, env=ENV)
+    assert p.returncode == 0 and p.stdout.strip() == "0", (p.stdout, p.stderr[-2000:])
