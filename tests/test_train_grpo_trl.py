@@ -163,3 +163,25 @@ def test_cli_engine_trl_trains_writes_one_output_and_refuses_what_it_cannot_map(
         assert not o.exists()
     code, _, err = run_cli(*args(tmp_path / "r2")[:-2], "--vllm", "colocate")
     assert code == 2 and "only with --engine trl" in err
+
+
+def test_settings_map_onto_grpo_config(tmp_path):
+    trl = pytest.importorskip("trl")
+    import math
+
+    from llmtool.train import grpo_trl
+    from llmtool.train.grpo import GRPOSettings
+
+    s = GRPOSettings(steps=3, group_size=8, prompts_per_rollout=4, mini_batch=16, micro_batch=4, loss_type="ratio",
+                     loss_agg="token-mean", kl_coef=0.02, clip_eps_high=0.28)
+    kw = grpo_trl.grpo_config_kwargs(s, output_dir=str(tmp_path))
+    cfg = trl.GRPOConfig(**kw)
+    assert cfg.generation_batch_size == 32 and cfg.num_generations == 8          # P·G rollouts per phase
+    assert cfg.gradient_accumulation_steps * cfg.per_device_train_batch_size == 16  # one optimizer step = M
+    assert cfg.max_steps == 3 * 2 and cfg.loss_type == "dapo" and cfg.beta == 0.02
+    assert math.isinf(cfg.epsilon) and math.isinf(cfg.epsilon_high)              # ratio: the clamp never binds
+    assert not cfg.use_bias_correction_kl and not cfg.bf16 and cfg.disable_dropout and kw["save_strategy"] == "no"
+    s.loss_type = "clip"
+    kw = grpo_trl.grpo_config_kwargs(s, output_dir=str(tmp_path), vllm="server", vllm_server_url="http://h:8000")
+    assert (kw["epsilon"], kw["epsilon_high"]) == (0.2, 0.28) and kw["use_vllm"] and kw["vllm_mode"] == "server"
+    assert kw["vllm_server_base_url"] == "http://h:8000"

@@ -93,9 +93,11 @@ def grpo_config_kwargs(settings, *, output_dir: str, world: int = 1, vllm: str =
               max_grad_norm=s.max_grad_norm, loss_type=LOSS_AGG_TO_TRL[s.loss_agg],
               epsilon=math.inf if ratio else s.clip_eps,
               epsilon_high=math.inf if ratio else (s.clip_eps if s.clip_eps_high is None else s.clip_eps_high),
-              beta=s.kl_coef, use_bias_correction_kl=False, temperature=s.temperature, top_p=s.top_p, max_completion_length=s.max_new_tokens,
+              beta=s.kl_coef, use_bias_correction_kl=False, temperature=s.temperature, top_p=s.top_p,
+              max_completion_length=s.max_new_tokens,
               scale_rewards="group", seed=s.seed, data_seed=s.seed, report_to=[], logging_steps=1,
-              save_strategy="no", use_cpu=use_cpu, bf16=False, fp16=False,  # the model's own --dtype, as at home disable_dropout=True, shuffle_dataset=True,
+              save_strategy="no", use_cpu=use_cpu, disable_dropout=True, shuffle_dataset=True,
+              bf16=False, fp16=False,  # no autocast: the model's own --dtype, as at home
               remove_unused_columns=False, log_completions=False)
     if vllm != "none":
         kw.update(use_vllm=True, vllm_mode=vllm)
