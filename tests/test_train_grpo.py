@@ -432,6 +432,16 @@ def test_cli_resume_refuses_a_corrupt_state(tiny_llama_dir, tmp_path):
     code, _, err = run_cli(*_grpo_args(tiny_llama_dir, tmp_path / "run", "--reward", "random:0.5",
                                        "--save-every", "1", "--resume"))
     assert code == 2 and "trainer_state.safetensors" in err
+    from safetensors.torch import load_file, save_file
+
+    loop.save_checkpoint(tmp_path / "run.checkpoints")        # rewrite it whole, then poison one Adam moment
+    tensors = load_file(str(st))
+    name = next(k for k, v in tensors.items() if v.is_floating_point() and v.numel() > 1)
+    tensors[name][0] = float("nan")
+    save_file(tensors, str(st), metadata={"format": "llmtool-grpo-trainer-state/1"})
+    code, _, err = run_cli(*_grpo_args(tiny_llama_dir, tmp_path / "run", "--reward", "random:0.5",
+                                       "--save-every", "1", "--resume"))
+    assert code == 2 and "NaN" in err and name in err
     (ck / "trainer_state.safetensors").unlink()
     code, _, err = run_cli(*_grpo_args(tiny_llama_dir, tmp_path / "run", "--reward", "random:0.5",
                                        "--save-every", "1", "--resume"))

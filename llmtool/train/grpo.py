@@ -883,6 +883,10 @@ def load_trainer_state(path: Path) -> dict:
     if not isinstance(doc, dict) or doc.get("format") != STATE_FORMAT:
         raise UsageError(f"{f}: not a trainer state of this llmtool (format {doc.get('format') if isinstance(doc, dict) else None!r})")
     tensors = load_file(str(Path(path) / STATE_TENSORS))
+    for name, t in tensors.items():
+        if t.is_floating_point() and not bool(torch.isfinite(t).all()):
+            raise UsageError(f"{Path(path) / STATE_TENSORS}: tensor {name!r} has NaN/inf values (a corrupt or "
+                             "diverged trainer state)")
     try:
         state = _decode(doc["state"], tensors)
     except (KeyError, TypeError, ValueError) as e:
