@@ -372,3 +372,31 @@ def test_forked_workers_get_the_default_sigterm():
             "_, status = os.waitpid(pid, 0)\nprint(os.waitstatus_to_exitcode(status))\n")
     p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, env=ENV)
     assert p.returncode == 0 and p.stdout.strip() == "0", (p.stdout, p.stderr[-2000:])
+
+
+def test_user_errors_that_escape_a_command_are_still_one_line(monkeypatch, capsys, tmp_path):
+    """The root's backstop: an OSError naming a path, a non-UTF-8 decode or a RecursionError that a command's own
+    checks let through is exit 2 with one line (never `internal error`); anything else stays an internal error."""
+    import errno
+
+    import llmtool.evaluate.stats_cli  # noqa: F401  (registers `evaluate judge-synth`)
+    from llmtool.cli import main, user_error_message
+    from llmtool.evaluate import judge_btd
+
+    assert user_error_message(IsADirectoryError(errno.EISDIR, "Is a directory", "in.csv")) == "in.csv: Is a directory"
+    assert "nested too deeply" in user_error_message(RecursionError())
+    assert "not UTF-8" in user_error_message(UnicodeDecodeError("utf-8", b"\xff", 0, 1, "invalid start byte"))
+    assert user_error_message(ValueError("x")) is None and user_error_message(OSError("no filename")) is None
+
+    def deep(*a, **k):
+        raise RecursionError("maximum recursion depth exceeded")
+
+    monkeypatch.setattr(judge_btd, "synthetic_counts", deep)
+    monkeypatch.setattr(sys, "argv", ["llmtool", "evaluate", "judge-synth", str(tmp_path / "out")])
+    with pytest.raises(SystemExit) as e:
+        main()
+    err = capsys.readouterr().err
+    assert e.value.code == 2, err
+    assert [l for l in err.splitlines() if l.strip()] == [
+        "error: an input is nested too deeply (structured data beyond Python's recursion limit)"]
+    assert not (tmp_path / "out").exists()
