@@ -219,7 +219,8 @@ def test_count_bounds_have_one_home():
     assert available_cpus() == len(os.sched_getaffinity(0))
     assert count_bound("threads")[0] == available_cpus() and count_bound("workers")[0] == available_cpus()
     assert count_bound("batch_size")[0] < 10**9 and count_bound("max_new_tokens")[0] < 10**9
-    assert count_bound("steps") is None  # time, not memory: a long run is Ctrl-C-able, never host-fatal
+    assert count_bound("steps")[0] >= 10**7  # generous: steps cost time, and a per-step record each
+    assert count_bound("seed") is None  # not a count
     from llmtool.core.options import CORES, LIMITS, MEMORY_MB
 
     assert all(v in LIMITS or v in (CORES, MEMORY_MB) for v in COUNT_BOUNDS.values())

@@ -68,13 +68,14 @@ def total_memory_mb() -> int:
 
 CORES = "cores"          # processes and threads: at most the cores this process may use
 MEMORY_MB = "memory"     # a memory size in MiB: at most the machine's physical memory
-IN_FLIGHT, BATCH, TOKENS, ITEMS, DIM, DEPTH = "in-flight", "batch", "tokens", "items", "dim", "depth"
+IN_FLIGHT, BATCH, TOKENS, ITEMS, STEPS, DIM, DEPTH = "in-flight", "batch", "tokens", "items", "steps", "dim", "depth"
 # kind -> (upper bound, what it bounds)
 LIMITS: dict[str, tuple[int, str]] = {
     IN_FLIGHT: (1024, "requests in flight (threads that wait on an endpoint)"),
     BATCH: (1 << 16, "batch sizes"),
     TOKENS: (1 << 20, "lengths in tokens"),
     ITEMS: (10_000_000, "item counts kept in memory"),
+    STEPS: (100_000_000, "steps and epochs (per-step records are kept)"),
     DIM: (1 << 16, "widths of models built from scratch"),
     DEPTH: (4096, "depths, heads and ranks"),
 }
@@ -95,6 +96,9 @@ COUNT_BOUNDS: dict[str, str] = {
                      "n_train", "limit", "fluency_prompts", "calib_texts", "random_controls", "budget",
                      "n_estimators", "n_init", "inner", "k", "top", "top_docs", "top_terms", "proxies",
                      "interactions", "val_blocks", "max_blocks", "patterns", "history", "max_rounds"), ITEMS),
+    **dict.fromkeys(("steps", "max_steps", "train_steps", "v_steps", "epochs", "save_every", "save_steps",
+                     "warmup", "adagc_warmup", "zclip_warmup", "spike_window", "grad_accum", "max_iter", "epoch"),
+                    STEPS),
     **dict.fromkeys(("d_model", "hidden", "proxy_d_model", "proxy_vocab", "intermediate_size"), DIM),
     **dict.fromkeys(("layers", "heads", "proxy_layers", "proxy_heads", "lora_r", "rank", "stages",
                      "max_depth", "max_tree_depth", "kernel_size"), DEPTH),
