@@ -207,6 +207,20 @@ def test_train_pretrain_two_processes_equal_one_with_doubled_accumulation(tmp_pa
 
 
 @pytest.mark.slow
+def test_train_pretrain_two_process_resume_equals_the_uninterrupted_run(tmp_path, tiny_dir):
+    """Resume under 2 processes from a checkpoint written by 2 processes (per-rank RNG files in one folder, the
+    clipper state read by every rank): the same weights and metrics as the run that was never interrupted."""
+    corpus = tmp_path / "c.txt"
+    corpus.write_text((TINY_TEXT + "\n\n") * 6)
+    _run(tmp_path, _pretrain_args(tiny_dir, corpus, tmp_path / "full", 1), nproc=2)
+    ck = tmp_path / "full" / "checkpoints" / "checkpoint-2"
+    _run(tmp_path, _pretrain_args(tiny_dir, corpus, tmp_path / "res", 1) + ["--resume", ck], nproc=2)
+    _one_output(tmp_path, tmp_path / "res", tmp_path)
+    _assert_same(_params(tmp_path / "full" / "model"), _params(tmp_path / "res" / "model"), atol=0.0)
+    assert (tmp_path / "full" / "metrics.jsonl").read_text() == (tmp_path / "res" / "metrics.jsonl").read_text()
+
+
+@pytest.mark.slow
 def test_train_sft_two_processes(tmp_path, tiny_dir):
     data = tmp_path / "d.jsonl"
     data.write_text("".join(json.dumps({"prompt": f"Q{i}: ", "completion": " The capital of France is Paris."}) + "\n"
