@@ -138,3 +138,22 @@ def test_a_rank_without_rollouts_in_a_mini_batch_keeps_ddp_in_step(tiny_llama_di
     assert len(_metrics(tmp_path / "two")) == 8
     assert max((w1[k] - w0[k]).abs().max().item() for k in w1) > 50 * TOL
     assert max((w1[k] - w2[k]).abs().max().item() for k in w1) < TOL
+
+
+def test_trl_engine_under_two_processes_writes_one_output(tiny_llama_dir, tmp_path):
+    """``--engine trl`` under torchrun: TRL's Trainer handles the ranks, llmtool writes OUT and metrics once;
+    the random rewards are keyed by the same global prompt positions as the home loop's."""
+    pytest.importorskip("trl")
+    out = tmp_path / "trl2"
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", "-m", "llmtool",
+           "--json", "train", "grpo", str(tiny_llama_dir), str(out), "--engine", "trl", "--data", "gen:arith:8:1",
+           "--steps", "2", "--group-size", "4", "--micro-batch", "2", "--max-new-tokens", "5", "--lr", "1e-3",
+           "--reward", "random:0.5", "--prompts-per-rollout", "2", "--mini-batch", "4"]
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=_env(tmp_path), timeout=300, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert sorted(p.name for p in tmp_path.iterdir() if p.name != "home") == ["trl2"]
+    recs = _metrics(out)
+    assert [r["step"] for r in recs] == [1, 2, 3, 4]                       # one writer
+    prov = json.loads((out / "llmtool.json").read_text())
+    assert prov["metrics"]["processes"] == 2 and prov["parameters"]["engine"] == "trl"
+    assert (out / "model.safetensors").is_file() and not (out / "trl-scratch").exists()
