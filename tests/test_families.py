@@ -88,14 +88,12 @@ _ROT = ("quantize quarot", "quantize respinquant")
 REFUSED: dict[tuple[str, str], str] = {
     **{("compress", f): _EXPERTS for f in ("qwen3_moe", "mixtral")},
     **{(c, f): _EXPERTS for c in ("quantize rtn",) + _ROT for f in ("qwen3_moe", "mixtral")},
-    **{(c, "qwen2"): arch.P_BIAS for c in ("quantize rtn",) + _ROT},
     **{("edit memit", f): _EXPERTS for f in ("qwen3_moe", "mixtral")},
     **{("edit keystone", f): _EXPERTS for f in ("qwen3_moe", "mixtral")},
 }
 # what the refusal says, for the table (the cell checks the property name and family in the message)
 REASONS = {
     _EXPERTS: "3-D expert tensors, not Linears",
-    arch.P_BIAS: "QuantLinear has no bias",
 }
 
 

@@ -105,7 +105,8 @@ def build_structure(model, block: dict) -> None:
         for role, lin in arch.block_linears(layer).items():
             q = QuantLinear(lin.in_features, lin.out_features, w_bits=16, a_bits=a["bits"],
                             a_symmetric=a["symmetric"], a_clip_ratio=a["clip_ratio"],
-                            online_hadamard=had and role == "down", dtype=lin.weight.dtype)
+                            online_hadamard=had and role == "down", dtype=lin.weight.dtype,
+                            bias=lin.bias is not None)
             if w["bits"] < 16:
                 del q.weight
                 q.w_bits = w["bits"]

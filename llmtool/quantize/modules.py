@@ -44,7 +44,7 @@ TINYGEMM_MAX_ROWS = 128
 class QuantLinear(nn.Module):
     def __init__(self, in_features: int, out_features: int, w_bits: int = 16, a_bits: int = 16,
                  a_symmetric: bool = False, a_clip_ratio: float = 1.0, online_hadamard: bool = False,
-                 dtype=torch.float32):
+                 dtype=torch.float32, bias: bool = False):
         super().__init__()
         self.in_features, self.out_features = in_features, out_features
         self.w_bits, self.a_bits = w_bits, a_bits
@@ -59,13 +59,16 @@ class QuantLinear(nn.Module):
                                                               dtype=torch.uint8))
             self.register_buffer("weight_scale", torch.ones(out_features, 1, dtype=torch.float16))
             self.register_buffer("weight_shape", torch.tensor([out_features, in_features], dtype=torch.int64))
+        # a bias (Qwen2's q/k/v) stays in float32 and is added after the product
+        self.register_buffer("bias", torch.zeros(out_features, dtype=torch.float32) if bias else None)
 
     @classmethod
     def from_linear(cls, linear: nn.Linear, **kw) -> "QuantLinear":
-        if linear.bias is not None:
-            raise ValueError("QuantLinear does not support biases")
-        q = cls(linear.in_features, linear.out_features, w_bits=16, dtype=linear.weight.dtype, **kw)
+        q = cls(linear.in_features, linear.out_features, w_bits=16, dtype=linear.weight.dtype,
+                bias=linear.bias is not None, **kw)
         q.weight.copy_(linear.weight.detach())
+        if linear.bias is not None:
+            q.bias.copy_(linear.bias.detach().float())
         return q.to(linear.weight.device)
 
     def set_quantized(self, codes: torch.Tensor, scale: torch.Tensor, bits: int) -> None:
@@ -195,6 +198,8 @@ class QuantLinear(nn.Module):
             y = F.linear(xq.float(), self.dequantized_weight(torch.float32))
         else:
             y = self._weight_only_product(x2)
+        if self.bias is not None:
+            y = y + self.bias.to(y.dtype)
         return y.reshape(*shape[:-1], self.out_features).to(x.dtype)
 
     def to_dense_linear(self) -> nn.Linear:
@@ -207,9 +212,12 @@ class QuantLinear(nn.Module):
             eye = torch.eye(self.in_features, dtype=torch.float64, device=w.device)
             w = w @ hadamard_transform(eye).T
         dtype = ref.dtype if ref.is_floating_point() and ref.dtype != torch.float16 else torch.float32
-        lin = nn.Linear(self.in_features, self.out_features, bias=False, dtype=dtype, device=ref.device)
+        lin = nn.Linear(self.in_features, self.out_features, bias=self.bias is not None, dtype=dtype,
+                        device=ref.device)
         with torch.no_grad():
             lin.weight.copy_(w.to(dtype))
+            if self.bias is not None:
+                lin.bias.copy_(self.bias.to(dtype))
         return lin
 
     def dense_export_drops(self) -> list[str]:

@@ -54,12 +54,14 @@ class _TrainLinear(nn.Module):
         super().__init__()
         self.cfg, self.online_hadamard = cfg, online_hadamard
         self.weight_eff = None
+        self.bias_eff = None   # rotated bias (Qwen2's q/k/v), kept in float like QuantLinear's
 
     def forward(self, x):
         if self.online_hadamard:
             x = hadamard_transform(x)
         x = fake_quant_act_ste(x, self.cfg.a_bits, self.cfg.a_symmetric, self.cfg.a_clip_ratio)
-        return F.linear(x, fake_quant_weight_ste(self.weight_eff, self.cfg.w_bits))
+        y = F.linear(x, fake_quant_weight_ste(self.weight_eff, self.cfg.w_bits))
+        return y if self.bias_eff is None else y + self.bias_eff.to(y.dtype)
 
 
 @contextlib.contextmanager
@@ -68,10 +70,12 @@ def training_view(model, rot: R.RotationSet, cfg: QuantConfig):
     Yields ``refresh()`` which recomputes every effective weight and transition from ``rot``."""
     layers = decoder_layers(model)
     spec = arch.arch_of(model)
-    saved, frozen, train_mods = [], [], []
+    saved, frozen, train_mods, bias_frozen = [], [], [], []
     for layer in layers:
         orig, mods, keep = {}, {}, {}
         orig = {role: arch.role_weight(layer, role).detach() for role in arch.ROLES}
+        orig_b = {role: arch.role_bias(layer, role) for role in arch.ROLES}
+        bias_frozen.append({r: None if b is None else b.detach() for r, b in orig_b.items()})
         for name, lin in arch.block_linears(layer).items():   # a fused qkv_proj / gate_up_proj: one module
             keep[name] = lin
             mods[name] = _TrainLinear(cfg, online_hadamard=name == "down")
@@ -92,9 +96,13 @@ def training_view(model, rot: R.RotationSet, cfg: QuantConfig):
     def refresh():
         for i, layer in enumerate(layers):
             w = R.layer_weights(frozen[i], rot, i, model.config)
+            b = R.layer_biases(bias_frozen[i], rot, i, model.config)
             for name, mod in train_mods[i].items():
                 fused = spec.fused.get(name)
                 mod.weight_eff = torch.cat([w[r] for r in fused.roles]) if fused else w[name]
+                roles = fused.roles if fused else (name,)
+                if any(r in b for r in roles):
+                    mod.bias_eff = torch.cat([b[r] for r in roles]) if fused else b[name]
             t_attn, t_ffn = R.transitions(rot, i)
             layer.attn_transition.matrix, layer.mlp_transition.matrix = t_attn, t_ffn
             if R.post_norms(model):

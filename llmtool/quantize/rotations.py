@@ -55,7 +55,7 @@ from llmtool.kernels.hadamard import hadamard_matrix
 
 
 def check_supported(model, method: str = "quarot") -> None:
-    """Pre-norm RMSNorm blocks without biases or routed experts (families of :mod:`llmtool.core.arch`;
+    """RMSNorm blocks without routed experts (families of :mod:`llmtool.core.arch`;
     refusals by layout property in :func:`llmtool.quantize.runner.check_family`)."""
     from llmtool.quantize.runner import check_family
 
@@ -187,6 +187,26 @@ def layer_weights(orig: dict[str, torch.Tensor], rot: RotationSet, i: int, cfg) 
     return out
 
 
+def layer_biases(orig: dict[str, torch.Tensor | None], rot: RotationSet, i: int, cfg) -> dict[str, torch.Tensor]:
+    """Effective biases of block i (roles whose Linear has one; differentiable). A bias lives on a Linear's
+    output, so only the output-side rotations move it: ``v`` per head by R3, ``o`` by R2[i] and ``down`` by
+    R1[i+1] (not with sandwich post-norms, whose writers keep their basis); q/k/gate/up biases are unchanged."""
+    out = {}
+    online = post_norms(cfg)
+    for role, b in orig.items():
+        if b is None:
+            continue
+        col = b[:, None]
+        if role == "v":
+            col = _blockdiag_rows(col, rot.r3(i).to(b.dtype), arch.n_kv_heads(cfg))
+        elif role == "o" and not online:
+            col = rot.r2(i).to(b.dtype).T @ col
+        elif role == "down" and not online:
+            col = rot.r1(i + 1).to(b.dtype).T @ col
+        out[role] = col[:, 0]
+    return out
+
+
 def transitions(rot: RotationSet, i: int) -> tuple[torch.Tensor, torch.Tensor]:
     """(T_attn, T_ffn) of layer i."""
     return rot.r1(i).T @ rot.r2(i), rot.r2(i).T @ rot.r1(i + 1)
@@ -225,6 +245,10 @@ def fuse(model, rot: RotationSet) -> None:
         for r, w in layer_weights(orig, rot64, i, cfg).items():
             p = arch.role_weight(layer, r)   # a row view of qkv_proj / gate_up_proj where the family fuses
             p.copy_(w.to(p.dtype))
+        biases = {r: arch.role_bias(layer, r) for r in arch.ROLES}
+        for r, b in layer_biases({r: None if b is None else b.detach().double() for r, b in biases.items()},
+                                 rot64, i, cfg).items():
+            biases[r].copy_(b.to(biases[r].dtype))
     if post_norms(model):
         from llmtool.quantize.modules import install_post_norm_rotations
 

@@ -20,7 +20,8 @@ def make_config(method: str, **kw):
 def check_family(model_or_config, method: str) -> None:
     """Refuse the layout properties `quantize` cannot handle, by name (torch-free on a config dict):
     routed experts (3-D expert tensors are not Linears: QuantLinear and the packed format are per
-    Linear) and biased projections (QuantLinear has no bias). Sandwich post-norms (Gemma) are handled by
+    Linear). Biases (Qwen2's q/k/v) stay in float beside the packed weights and follow the output-side
+    rotations; sandwich post-norms (Gemma) are handled by
     an online rotation after the norm (:mod:`llmtool.quantize.rotations`)."""
     from llmtool.core import arch
 
@@ -29,10 +30,6 @@ def check_family(model_or_config, method: str) -> None:
     if spec.experts is not None:
         arch.refuse(name, spec.family, arch.P_EXPERTS, "the experts are 3-D tensors, not Linears; QuantLinear and "
                     "the packed int format are per Linear")
-    try:
-        arch.require(model_or_config, "llmtool quantize", bias_free=True)
-    except UsageError:
-        arch.refuse(name, spec.family, arch.P_BIAS, "QuantLinear and the packed format carry no bias")
 
 
 def config_check(cfg):
