@@ -171,7 +171,7 @@ def _optimizer(model, s: ProxySettings, steps: int):
 def _update(acc, model, opt, sched, loss) -> None:
     """One proxy update: backward through accelerate, global grad-norm clip 1, optimizer and schedule step."""
     acc.backward(loss)
-    torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+    acc.clip_grad_norm_(model.parameters(), 1.0)  # torch's clip_grad_norm_ here; the sharded variant under FSDP
     opt.step()
     sched.step()
     opt.zero_grad(set_to_none=True)
