@@ -42,6 +42,9 @@ ROOT = Path(__file__).resolve().parents[1]
 README = ROOT / "README.md"
 EXAMPLES = sorted((ROOT / "examples").glob("*.sh"))
 BIN = Path(sys.executable).parent
+# the real $LLMTOOL_HOME (the packaged model materialized once), as in conftest.py; the autouse fixture there
+# points $LLMTOOL_HOME at an empty per-test directory, so the real-model tests name this one explicitly
+REAL_HOME = Path(os.environ.get("LLMTOOL_REAL_HOME", "~/.cache/llmtool")).expanduser()
 MARK = re.compile(r"^#\s*(not-run|full-size)\s*:?(.*)$")
 
 
@@ -105,7 +108,7 @@ def make_tiny_home(home: Path) -> Path:
         cfg = json.loads(cfg_path.read_text())
         cfg["chat_template"] = CHAT_TEMPLATE
         cfg_path.write_text(json.dumps(cfg))
-    real_text = Path(os.environ.get("LLMTOOL_REAL_HOME", "~/.cache/llmtool")).expanduser() / "text"
+    real_text = REAL_HOME / "text"
     if real_text.is_dir() and not (home / "text").exists():
         shutil.copytree(real_text, home / "text")
     for name in ("debs",):  # the Debian package once fetched: no second download
@@ -241,14 +244,14 @@ def test_readme_quick_paths_run_on_a_tiny_model(tmp_path):
 
 @pytest.mark.slow
 def test_readme_quick_paths_run_on_the_packaged_model(tmp_path):
-    ran = _run_sections(None, tmp_path, full=os.environ.get("LLMTOOL_README_FULL") == "1", timeout=3600)
+    ran = _run_sections(REAL_HOME, tmp_path, full=os.environ.get("LLMTOOL_README_FULL") == "1", timeout=3600)
     assert len(ran) >= 12
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("script", EXAMPLES, ids=[p.name for p in EXAMPLES])
 def test_examples_run_from_any_directory(script, tmp_path):
-    env = block_env(None, tmp_path)
+    env = block_env(REAL_HOME, tmp_path)
     p = run_block(f'bash "{script}" "$W"\n', tmp_path, env, timeout=7200)
     check(p, script.name)
 
