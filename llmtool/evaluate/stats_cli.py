@@ -220,6 +220,8 @@ def _read_calib_json(path: Path) -> dict:
         doc = json.loads(path.read_text())
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise UsageError(f"{path}: malformed JSON ({getattr(e, 'msg', e)})") from None
+    except RecursionError:
+        raise UsageError(f"{path}: malformed JSON (nested too deeply)") from None
     if not isinstance(doc, dict):
         raise UsageError(f"{path}: expected a JSON object keyed by task")
     return doc

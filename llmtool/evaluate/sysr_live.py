@@ -31,9 +31,13 @@ def read_models_yaml(path: Path) -> list[dict]:
     if not Path(path).is_file():
         raise UsageError(f"{path}: no such file")
     try:
-        doc = yaml.safe_load(Path(path).read_text())
+        doc = yaml.safe_load(Path(path).read_bytes().decode("utf-8"))
+    except UnicodeDecodeError as e:
+        raise UsageError(f"{path}: not UTF-8 text (byte {e.start})") from None
     except yaml.YAMLError as e:
         raise UsageError(f"{path}: malformed YAML ({str(e).splitlines()[0]})") from None
+    except RecursionError:
+        raise UsageError(f"{path}: malformed YAML (nested too deeply)") from None
     entries = doc.get("models") if isinstance(doc, dict) else doc
     if not isinstance(entries, list) or len(entries) < 2:
         raise UsageError(f"{path}: expected a list of at least two models (name, path)")
