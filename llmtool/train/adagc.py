@@ -120,7 +120,7 @@ def local_norms(grads: list[torch.Tensor]) -> torch.Tensor:
         return torch.zeros(0, dtype=torch.float64)
     locs = [_local(g) for g in grads]
     locs = [g if g.dtype in (torch.float32, torch.float64) else g.float() for g in locs]
-    out = [None] * len(locs)
+    out = torch.zeros(len(locs), dtype=torch.float64)
     groups: dict = {}
     for i, g in enumerate(locs):
         groups.setdefault((g.device, g.dtype), []).append(i)
@@ -130,9 +130,8 @@ def local_norms(grads: list[torch.Tensor]) -> torch.Tensor:
             ns = torch._foreach_norm(ts, 2)
         except (RuntimeError, AttributeError):  # pragma: no cover - very old torch
             ns = [t.norm(2) for t in ts]
-        for i, n in zip(idx, ns):
-            out[i] = n
-    return torch.stack([n.detach().double().cpu() for n in out])
+        out[idx] = torch.stack([n.detach() for n in ns]).double().cpu()  # one device-to-host copy per group
+    return out
 
 
 def grad_norms(grads: list[torch.Tensor]) -> torch.Tensor:
