@@ -138,10 +138,29 @@ def user_error_message(e: BaseException) -> str | None:
     if isinstance(e, RecursionError):
         return "an input is nested too deeply (structured data beyond Python's recursion limit)"
     if isinstance(e, UnicodeDecodeError):
-        return f"an input file is not UTF-8 text ({e.reason} at byte {e.start})"
+        where = _file_in_traceback(e)
+        return f"{where or 'an input file'}: not UTF-8 text ({e.reason} at byte {e.start})"
     if isinstance(e, OSError) and e.errno in _USER_ERRNOS and e.filename is not None:
         return f"{e.filename}: {e.strerror or type(e).__name__}"
     return None
+
+
+def _file_in_traceback(e: BaseException) -> str | None:
+    """The file an exception was reading, when the innermost llmtool frame holds it in a local called like a
+    path (``path``, ``p``, ``f``, ``file``, ``source``): decode errors carry no file name of their own."""
+    import pathlib
+
+    tb, found = e.__traceback__, None
+    while tb is not None:
+        frame = tb.tb_frame
+        if frame.f_globals.get("__name__", "").startswith("llmtool."):
+            for name in ("path", "p", "f", "file", "fname", "source", "src"):
+                v = frame.f_locals.get(name)
+                if isinstance(v, (str, pathlib.PurePath)) and v and pathlib.Path(v).is_file():
+                    found = str(v)
+                    break
+        tb = tb.tb_next
+    return found
 
 
 def _raise_terminated(signum: int, frame: Any) -> None:

@@ -401,3 +401,16 @@ def test_user_errors_that_escape_a_command_are_still_one_line(monkeypatch, capsy
     assert [l for l in err.splitlines() if l.strip()] == [
         "error: an input is nested too deeply (structured data beyond Python's recursion limit)"]
     assert not (tmp_path / "out").exists()
+
+    # a decode error names the file the innermost llmtool frame was reading (here a cached JSON)
+    from llmtool.edit import prompts
+
+    bad = tmp_path / "fp" / "templates-seed0.json"
+    bad.parent.mkdir()
+    bad.write_bytes(b'["\xff"]')
+    monkeypatch.setattr(judge_btd, "synthetic_counts",
+                        lambda *a, **k: prompts.cached_templates(None, None, "fp", 0, tmp_path))
+    with pytest.raises(SystemExit) as e:
+        main()
+    line = one_error_line(subprocess.CompletedProcess([], e.value.code, "", capsys.readouterr().err))
+    assert line.startswith(f"error: {bad}: not UTF-8 text"), line
