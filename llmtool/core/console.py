@@ -124,10 +124,16 @@ def emit(result: Any, rows: Sequence[dict] | None = None, title: str | None = No
         return
     if rows is None and isinstance(result, dict):
         rows = [{"key": k, "value": v} for k, v in result.items() if not isinstance(v, (dict, list))]
-    if rows:
-        stdout.print(table(rows, title=title))
-    elif result is not None and not isinstance(result, dict):
-        stdout.print(result, markup=False)
+    try:
+        if rows:
+            stdout.print(table(rows, title=title))
+        elif result is not None and not isinstance(result, dict):
+            stdout.print(result, markup=False)
+    except (BrokenPipeError, KeyboardInterrupt):
+        raise
+    except Exception:  # the result is printed after the output is written: never fail there, print it plainly
+        sys.stdout.write(json.dumps(result if rows is None else {"title": title, "rows": list(rows)}, indent=2,
+                                    default=_json_default) + "\n")
 
 
 def _json_default(obj: Any) -> Any:
