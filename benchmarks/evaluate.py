@@ -178,7 +178,7 @@ def run_autograder(chains: int, samples: int):
         "q2 grader:LLM": ("q2", G.GlmConfig(levels=(0, 10), effects=["grader", "LLM"], interactions=["grader:LLM"], **common)),
         "q3 hierarchical grader types": ("q3", G.GlmConfig(levels=(0, 10), effects=["LLM"], hierarchical="grader:grader_type",
                                                           group_map={"Human": "human", "*": "model"}, **common)),
-        "q4 grader + LLM + item:grader": ("q4", G.GlmConfig(levels=(0, 10), effects=["grader", "item", "LLM"],
+        "q4 grader + item + LLM + grader:item": ("q4", G.GlmConfig(levels=(0, 10), effects=["grader", "item", "LLM"],
                                                            interactions=["grader:item"], **common)),
         "q5 no length": ("q5", G.GlmConfig(outcome="first_is_chosen", kind="pairwise", effects=["llm_pair", "grader"], **common)),
         "q5 length:grader": ("q5", G.GlmConfig(outcome="first_is_chosen", kind="pairwise", effects=["llm_pair", "grader"],
