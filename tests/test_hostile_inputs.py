@@ -155,6 +155,8 @@ CASES: dict[str, tuple[list[str], dict[str, bytes], str]] = {
     "tasks-filler-unknown-name": (["evaluate", "tasks", "{model}", "--task", "ppl", "--filler", "bogus"], {},
                                   "bogus: no such data file or dataset"),
     "route-data-unknown-domain": (["route", "data", "{t}/out", "--domains", "bogus"], {}, "unknown domain 'bogus'"),
+    "data-input-is-a-fifo": (["evaluate", "judge", "--votes", "{t}/votes.jsonl", "-o", "{t}/out"], {},
+                             "votes.jsonl: not a regular file (a FIFO)"),
     "markup-in-a-missing-path": (["compress", "{t}/x[/bold]y", "{t}/out", "--ratio", "0.2"], {}, "x[/bold]y"),
 }
 
@@ -164,6 +166,8 @@ def _setup(case: str, tmp_path: Path) -> None:
         _write(tmp_path / name, data)
     if case == "task-data-not-utf8":
         _task_dir(tmp_path, b"0110 -> 0\n\xff\xfe10 -> 1\n")
+    if case == "data-input-is-a-fifo":
+        os.mkfifo(tmp_path / "votes.jsonl")
 
 
 @pytest.mark.parametrize("case", sorted(CASES))

@@ -146,7 +146,8 @@ def check_weights(path: Path, config: dict | None = None) -> None:
 
 
 def check_inputs(inputs: Iterable[Any]) -> tuple[Path, ...]:
-    """Every input file or directory exists (``None`` entries are skipped)."""
+    """Every input file or directory exists and is a directory or a regular file (``None`` entries are
+    skipped)."""
     out = []
     for p in inputs:
         if p is None:
@@ -154,6 +155,10 @@ def check_inputs(inputs: Iterable[Any]) -> tuple[Path, ...]:
         path = Path(p).expanduser()
         if not path.exists():
             raise UsageError(f"{path}: no such file or directory")
+        if not path.is_dir():  # a FIFO would block the reader forever; a device or socket is no input either
+            from llmtool.core.checkpoint import regular_file
+
+            regular_file(path)
         out.append(path)
     return tuple(out)
 
