@@ -176,6 +176,68 @@ def test_weight_only_products_match_the_dequantized_product(w_bits):
     assert torch.allclose(q(x), x.sum(1, keepdim=True) * q.weight_scale.float().reshape(1, -1), rtol=1e-4, atol=1e-5)
 
 
+
+@pytest.mark.parametrize("w_bits", [3, 4, 8])
+def test_weight_only_codes_product_scales_the_output_like_the_dequantized_reference(w_bits):
+    """kernels.weight_only: the per-channel scale applied to the output columns equals the dequantized product."""
+    from llmtool.kernels.weight_only import weight_only_mm_codes, weight_only_mm_reference
+
+    g = torch.Generator().manual_seed(w_bits)
+    half = 2 ** (w_bits - 1)
+    qc = torch.randint(-half, half, (48, 320), generator=g).to(torch.int8)
+    scale = torch.rand(48, generator=g) * 0.02 + 1e-3
+    x = torch.randn(3, 320, generator=g)
+    ref = weight_only_mm_reference(x, qc, scale)
+    bound = 1e-5 * weight_only_mm_reference(x.abs(), qc.abs(), scale)    # float rounding-order bound
+    assert ((weight_only_mm_codes(x, qc, scale) - ref).abs() <= bound).all()
+    # a scale on the wrong channels would not match
+    wrong = torch.nn.functional.linear(x, qc.float()) * scale.flip(0).reshape(1, -1)
+    assert ((wrong - ref).abs() > bound).any()
+
+
+@pytest.mark.skipif(not hasattr(torch.ops.aten, "_weight_int4pack_mm_for_cpu"), reason="torch without the int4 CPU kernel")
+@pytest.mark.parametrize("n, k", [(96, 128), (64, 576), (48, 1536)])
+def test_int4_cpu_kernel_matches_the_reference_on_bf16_activations(n, k):
+    """torch's int4 CPU kernel with unit group scales + llmtool's per-channel scale on the output: the
+    dequantized product of the bf16-rounded activations, up to the kernel's bf16 output rounding."""
+    from llmtool.kernels.weight_only import int4_mm_cpu, int4_pack_cpu, weight_only_mm_reference
+
+    g = torch.Generator().manual_seed(n)
+    codes = torch.randint(0, 16, (n, k), generator=g).to(torch.uint8)
+    scale = torch.rand(n, generator=g) * 0.02 + 1e-3
+    x = torch.randn(4, k, generator=g)
+    op = int4_pack_cpu(codes)
+    assert op is not None
+    y = int4_mm_cpu(x, op, scale)
+    assert y.dtype == torch.float32
+    ref = weight_only_mm_reference(x.bfloat16().float(), codes.to(torch.int16) - 8, scale)
+    tol = ref.abs().amax(dim=1, keepdim=True) * 2 ** -7          # bf16 output rounding of the kernel
+    assert ((y - ref).abs() <= tol).all(), (y - ref).abs().max()
+    # the nibble order and the zero point matter: swapped codes give a different product
+    wrong = weight_only_mm_reference(x.bfloat16().float(), codes.to(torch.int16) - 7, scale)
+    assert ((wrong - ref).abs() > tol).any()
+    assert int4_pack_cpu(codes[:, 32:]) is None                 # K not a multiple of 64: no kernel
+    assert int4_pack_cpu(codes[:40]) is None                    # N not a multiple of 16: no kernel
+
+
+def test_quantlinear_w4a16_fp32_activations_exact_by_default_and_int4_kernel_opt_in(monkeypatch):
+    from llmtool.quantize.modules import QuantLinear
+
+    q, x = _qlinear(4, 16)
+    ref = x @ q.dequantized_weight(torch.float32).T
+    assert not QuantLinear.cpu_int4_bf16          # the default is the exact float32 product
+    assert torch.allclose(q(x), ref, rtol=1e-5, atol=1e-6)
+    assert "int8" in q._kernel_cache and "int4pack" not in q._kernel_cache
+    q2, _ = _qlinear(4, 16)
+    monkeypatch.setattr(QuantLinear, "cpu_int4_bf16", True)
+    y = q2(x)
+    assert y.dtype == torch.float32
+    ref_b = x.bfloat16().float() @ q2.dequantized_weight(torch.float32).T
+    assert torch.allclose(y, ref_b, rtol=2e-2, atol=2e-3), (y - ref_b).abs().max()
+    assert not torch.equal(y, ref)                # it is the bf16 path, not the exact one
+    assert "int8" not in q2._kernel_cache and "int4pack" in q2._kernel_cache
+    assert q2.cache_bytes() < 0.6 * q2.in_features * q2.out_features   # 0.5 B/weight + unit group scales
+
 def test_resident_bytes_counts_tied_storage_once_and_kernel_caches():
     from conftest import build_tiny_llama
 

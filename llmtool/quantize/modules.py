@@ -7,9 +7,12 @@
   kernel :func:`kernels.w4a4_matmul.w4a4_matmul`; elsewhere the signed codes are cached as int8 (1 byte
   per weight, built on first use, never saved; ``cache_bytes()``) and widened per call: low-bit
   activations (A≤7) multiply their integer codes by them in float32 (the integer sum, exact), weight-only
-  settings dequantize them transiently. With bfloat16 activations on the CPU, W4A16 uses torch's int4
-  weight-only kernel (``_weight_int4pack_mm_for_cpu``; llmtool's per-channel scales repeated over column
-  groups of 64–256); on CUDA, torch's tinygemm kernel (``_weight_int4pack_mm``) for decode-sized batches and
+  settings multiply the activations by the widened codes and scale the output columns
+  (:func:`kernels.weight_only.weight_only_mm_codes`; scaling the weight first was 10-20 ms per decode call).
+  With bfloat16 activations on the CPU -- and, opt-in (:attr:`QuantLinear.cpu_int4_bf16`,
+  ``LLMTOOL_CPU_INT4=bf16``), float32 activations rounded to bfloat16 -- W4A16 uses torch's int4
+  weight-only kernel (:func:`kernels.weight_only.int4_mm_cpu`; unit group scales, llmtool's per-channel
+  scale on the output; then no int8 cache is built); on CUDA, torch's tinygemm kernel (``_weight_int4pack_mm``) for decode-sized batches and
   a transient bf16/fp16 dequantization + cuBLAS for larger ones (:data:`TINYGEMM_MAX_ROWS`). torch's integer GEMMs (``_int_mm``, ``_weight_int8pack_mm``) and the int4 kernel with
   float32 activations were measured 2–20x slower than this on an AVX2 CPU, so they are not used.
 * :class:`LowRankTransition` — the ReSpinQuant residual basis change ``h ↦ h + (h Q) M Qᵀ``.
@@ -23,6 +26,8 @@
 """
 from __future__ import annotations
 
+import os
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -32,6 +37,7 @@ from llmtool.kernels.hadamard import hadamard_transform
 from llmtool.kernels.intpack import pack, packed_width, unpack
 from llmtool.kernels.quant import quantize_per_token
 from llmtool.kernels.w4a4_matmul import w4a4_matmul
+from llmtool.kernels.weight_only import int4_mm_cpu, int4_pack_cpu, weight_only_mm_codes
 from llmtool.quantize.quantizers import dequantize_weight, fake_quant_act, fake_quant_act_ste, weight_zero
 
 # rows up to which W4A16 on CUDA uses tinygemm. On an H200 (benchmarks/gpu_check.py, 4096-11008 wide layers)
@@ -42,6 +48,10 @@ TINYGEMM_MAX_ROWS = 128
 
 
 class QuantLinear(nn.Module):
+    # float32 activations of W4A16 on the CPU: False = exact float32 product from the int8 codes; True = rounded
+    # to bfloat16 through torch's int4 kernel (faster, 0.5 B/weight instead of the 1 B/weight int8 cache)
+    cpu_int4_bf16: bool = os.environ.get("LLMTOOL_CPU_INT4", "exact").strip().lower() == "bf16"
+
     def __init__(self, in_features: int, out_features: int, w_bits: int = 16, a_bits: int = 16,
                  a_symmetric: bool = False, a_clip_ratio: float = 1.0, online_hadamard: bool = False,
                  dtype=torch.float32, bias: bool = False):
@@ -113,20 +123,11 @@ class QuantLinear(nn.Module):
         return self._cached("int8", lambda: (self.codes().to(torch.int16) - weight_zero(self.w_bits)).to(torch.int8))
 
     def _int4pack(self):
-        """(packed weight, group size, scales_and_zeros) for torch's CPU int4 weight-only kernel, or None
-        when the shape does not fit it (in_features not a multiple of 64 / even row count)."""
-        k = self.in_features
-        group = next((g for g in (256, 128, 64) if k % g == 0), None)
-        if self.w_bits != 4 or group is None or not hasattr(torch.ops.aten, "_weight_int4pack_mm_for_cpu"):
+        """(packed weight, group size, unit scales_and_zeros) for torch's CPU int4 weight-only kernel
+        (:func:`kernels.weight_only.int4_pack_cpu`), or None when the shape does not fit it."""
+        if self.w_bits != 4 or self.weight_packed.is_cuda:
             return None
-
-        def build():
-            packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(self.codes().to(torch.int32), 1)
-            scale = self.weight_scale.float().reshape(1, -1).expand(k // group, -1)
-            # the kernel computes (c − 8) · scale + zero per group; zero = 0 gives llmtool's scale · q
-            sz = torch.stack([scale, torch.zeros_like(scale)], dim=-1).contiguous()
-            return packed, group, sz
-        return self._cached("int4pack", build)
+        return self._cached("int4pack", lambda: int4_pack_cpu(self.codes()))
 
     def _int4pack_cuda(self):
         """(packed weight, group size, scales_and_zeros) for torch's CUDA int4 weight-only kernel
@@ -164,11 +165,11 @@ class QuantLinear(nn.Module):
         return acc * xs.float() * self.weight_scale.float().reshape(1, -1)
 
     def _weight_only_product(self, x2: torch.Tensor) -> torch.Tensor:
-        if x2.dtype == torch.bfloat16 and not x2.is_cuda:
-            op = self._int4pack() if self.w_bits == 4 else None
+        if not x2.is_cuda and self.w_bits == 4 and (x2.dtype == torch.bfloat16 or
+                                                    (x2.dtype == torch.float32 and self.cpu_int4_bf16)):
+            op = self._int4pack()
             if op is not None:      # torch's int4 weight-only CPU kernel (fast with bf16 activations)
-                packed, group, sz = op
-                return torch.ops.aten._weight_int4pack_mm_for_cpu(x2.contiguous(), packed, group, sz.to(x2.dtype))
+                return int4_mm_cpu(x2, op, self.weight_scale)
         if x2.is_cuda and x2.dtype in (torch.bfloat16, torch.float16):
             op = self._int4pack_cuda() if self.w_bits == 4 and x2.dtype == torch.bfloat16 else None
             if op is not None and x2.shape[0] <= TINYGEMM_MAX_ROWS:     # torch's tinygemm int4 kernel
@@ -177,8 +178,7 @@ class QuantLinear(nn.Module):
             # larger batches: the weight dequantized transiently in the activation dtype, then cuBLAS
             w = (self.codes().to(torch.int16) - weight_zero(self.w_bits)).to(x2.dtype) * self.weight_scale.to(x2.dtype)
             return F.linear(x2, w)
-        w = self._int8_codes().to(torch.float32) * self.weight_scale.float()          # transient
-        return F.linear(x2.float(), w)
+        return weight_only_mm_codes(x2, self._int8_codes(), self.weight_scale)      # transient float codes
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.online_hadamard:
