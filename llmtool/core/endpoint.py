@@ -8,6 +8,12 @@ Retries: connection errors, timeouts, HTTP 429 and 5xx are retried with exponent
 (``backoff * 2**attempt`` seconds); other HTTP errors are raised at once as :class:`UsageError`
 with the server's message. The API key comes from ``api_key`` or ``$OPENAI_API_KEY`` (optional for
 local servers).
+
+``n``: vLLM answers ``n`` choices in one reply; ``transformers serve`` and llama.cpp's server ignore ``n``
+and answer one, so :meth:`OpenAIEndpoint.chat` asks again, one choice at a time (seed ``seed + 100003*j``
+for the j-th extra request), until it holds ``n``: every caller (GRPO rollout groups, judge samples) gets
+the number of choices it asked for from any server. Tested against a real ``transformers serve`` process in
+``tests/test_endpoints_real.py`` (slow).
 """
 from __future__ import annotations
 
@@ -78,7 +84,22 @@ class OpenAIEndpoint:
             payload["stop"] = list(stop)
         if seed is not None:
             payload["seed"] = seed
-        got = self._request("chat/completions", payload)
+        out = self._messages(self._request("chat/completions", payload))
+        # Servers that ignore ``n`` (``transformers serve``, llama.cpp's server) answer one choice: ask again for
+        # the rest, one at a time, each with its own seed so that seeded sampling does not repeat an answer.
+        extra_no = 0
+        while len(out) < n:
+            extra_no += 1
+            more = dict(payload, n=1)
+            if seed is not None:
+                more["seed"] = seed + 100003 * extra_no
+            got = self._messages(self._request("chat/completions", more))
+            if not got:
+                raise UsageError(f"{self.api_base}: unexpected reply (no choices)")
+            out += got
+        return out[:n]
+
+    def _messages(self, got: dict) -> list[dict]:
         try:
             return [c["message"] for c in got["choices"]]
         except (KeyError, TypeError):

@@ -398,11 +398,7 @@ def openai_generator(model: str, api_base: str, *, temperature: float, max_new_t
         i, p, n = args
         msgs = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": p}]
         got = ep.chat(msgs, n=n, temperature=temperature, max_tokens=max_new_tokens, seed=seed + i)
-        texts = [str(m.get("content") or "") for m in got][:n]
-        if len(texts) < n:  # servers that ignore n: ask again one at a time
-            for j in range(n - len(texts)):
-                m = ep.chat(msgs, n=1, temperature=temperature, max_tokens=max_new_tokens, seed=seed + i + 100003 * (j + 1))
-                texts.append(str(m[0].get("content") or ""))
+        texts = [str(m.get("content") or "") for m in got]  # n of them: chat() tops up servers that ignore n
         return [Generation(t, len(t.split())) for t in texts]
 
     def gen(prompts: Sequence[str], n: int) -> list[list[Generation]]:
