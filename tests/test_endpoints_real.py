@@ -16,7 +16,8 @@ template. Paths driven through llmtool's own code:
 Each test asserts that the requests reached the server (the server's own access log is counted) and that the
 answer landed where it belongs (greedy decoding through the server equals local greedy decoding of the same
 prompt). The server process is started once per module in its own process group, waited for with a bound
-(180 s) and always killed by the fixture's finalizer. Slow: ``make test-slow``.
+(180 s) and always killed by the fixture's finalizer. Slow: ``make test-slow``; the one fast test checks the
+client's ``n`` top-up against a loopback stub that, like ``transformers serve``, ignores ``n``.
 """
 from __future__ import annotations
 
@@ -34,8 +35,6 @@ from types import SimpleNamespace
 
 import pytest
 from conftest import run_cli, save_tiny
-
-pytestmark = pytest.mark.slow
 
 ROOT = Path(__file__).resolve().parents[1]
 READY_S = 180
@@ -143,6 +142,7 @@ def local(served):
 
 # ------------------------------------------------------------------------------------------- the client itself
 
+@pytest.mark.slow
 def test_client_lists_the_model_and_greedy_chat_equals_local_generate(served, local):
     from llmtool.core.endpoint import OpenAIEndpoint
 
@@ -161,6 +161,7 @@ def test_client_lists_the_model_and_greedy_chat_equals_local_generate(served, lo
 
 # ------------------------------------------------------------------------------------------- judge sampling
 
+@pytest.mark.slow
 def test_judge_sample_through_the_server(served, local, tmp_path):
     from llmtool.evaluate import judge_sample as S
 
@@ -182,10 +183,25 @@ def test_judge_sample_through_the_server(served, local, tmp_path):
                 {"role": "user", "content": S.judge_prompt(pair["prompt"], first, second, "3way")}]
         assert v["raw"] == local.greedy(msgs, 6)          # the server's answer, in this vote's slot
         assert v["rating"] == S.to_canonical(S.parse_rating(v["raw"]), v["order"])
+    # self-aggregation with the same judge through the server: one greedy request per pair
+    before = served.chat_posts()
+    code, _, err = run_cli("evaluate", "judge-self-agg", "--judge", f"openai:{served.name}", "--api-base", served.api,
+                           "--pairs", tmp_path / "pairs.jsonl", "--votes", tmp_path / "votes.jsonl",
+                           "--max-new-tokens", "5", "-o", tmp_path / "selfagg.jsonl")
+    assert code == 0, err
+    recs = [json.loads(line) for line in (tmp_path / "selfagg.jsonl").read_text().splitlines()]
+    assert [r["id"] for r in recs] == ["p0", "p1"] and served.chat_posts() - before == 2
+    per = S.group_votes(votes)
+    for r, pair in zip(recs, S.read_pairs(pairs)):
+        msgs = [{"role": "system", "content": S.SYSTEM},
+                {"role": "user", "content": S.self_agg_prompt(pair, per[pair["id"]], "3way", 1000)}]
+        assert r["raw"] == local.greedy(msgs, 5) and r["n_outputs"] == 2
+        assert r["rating"] == S.parse_rating(r["raw"])
 
 
 # ------------------------------------------------------------------------------------------- bench-agent
 
+@pytest.mark.slow
 def test_bench_agent_episode_through_the_server(served, local, tmp_path):
     before = served.chat_posts()
     code, out, err = run_cli("--json", "bench-agent", "run", f"openai:{served.api}#{served.name}", tmp_path / "o",
@@ -200,6 +216,7 @@ def test_bench_agent_episode_through_the_server(served, local, tmp_path):
         assert conv[i]["content"] == local.greedy(conv[:i], 8)
 
 
+@pytest.mark.slow
 def test_bench_agent_ultrahorizon_run_through_the_server(served, tmp_path):
     before = served.chat_posts()
     code, out, err = run_cli("--json", "bench-agent", "uh-run", f"openai:{served.api}#{served.name}", tmp_path / "u",
@@ -213,8 +230,27 @@ def test_bench_agent_ultrahorizon_run_through_the_server(served, tmp_path):
     assert said and served.chat_posts() - before >= len(said)
 
 
+@pytest.mark.slow
+def test_bench_agent_ultrahorizon_llm_judge_through_the_server(served, local, tmp_path):
+    """uh-run --judge openai:URL#MODEL: the oracle agent commits a report, the server's model judges it (greedy,
+    up to 3 tries); a tiny random judge never answers JSON, so the score is null and its last answer is kept."""
+    from llmtool.bench_agent.uh import JUDGE_PROMPT
+
+    before = served.chat_posts()
+    code, out, err = run_cli("--json", "bench-agent", "uh-run", "script:oracle", tmp_path / "u", "--env", "seq",
+                             "--steps", "40", "--runs", "1", "--judge", f"openai:{served.api}#{served.name}")
+    assert code == 0, err
+    ev = json.loads((tmp_path / "u" / "run-000" / "eval_output.json").read_text())
+    assert ev["committed"] and ev["judge"] == f"openai:{served.name}"
+    assert ev["judge_result"]["final_score"] is None and served.chat_posts() - before == 3
+    truth = json.loads((tmp_path / "u" / "run-000" / "env_truth.json").read_text())
+    msg = JUDGE_PROMPT.format(truth=json.dumps(truth), rubric="20 points per rule", report=ev["judge_input"])
+    assert ev["judge_result"]["raw_output"] == local.greedy([{"role": "user", "content": msg}], 2048)[:4000]
+
+
 # ------------------------------------------------------------------------------------------- learn-program
 
+@pytest.mark.slow
 def test_learn_program_proposer_through_the_server(served, local, tmp_path):
     before = served.chat_posts()
     code, out, err = run_cli("--json", "learn-program", "run", tmp_path / "lp", "--proposer", f"openai:{served.name}",
@@ -230,6 +266,7 @@ def test_learn_program_proposer_through_the_server(served, local, tmp_path):
     assert json.loads(out)["proposer"] == f"openai:{served.name}"
 
 
+@pytest.mark.slow
 def test_learn_program_sanity_suite_through_the_server(served, tmp_path):
     """Issue 42: the weak-proposer sanity suite (four one-line rules as user data, benchmarks/learn_program.py)
     run through the OpenAI proposer against the local server: every rule gets its k proposals and a result;
@@ -264,6 +301,7 @@ def test_learn_program_sanity_suite_through_the_server(served, tmp_path):
 
 # ------------------------------------------------------------------------------------------- GRPO rollouts
 
+@pytest.mark.slow
 def test_grpo_rollout_function_groups_are_the_servers_answers(served, local):
     from llmtool.train.cli_grpo import _endpoint_rollouts
 
@@ -280,6 +318,7 @@ def test_grpo_rollout_function_groups_are_the_servers_answers(served, local):
         assert g[0].token_ids == local.tok(want, add_special_tokens=False)["input_ids"][:6]
 
 
+@pytest.mark.slow
 def test_train_grpo_one_step_with_rollouts_from_the_server(served, tmp_path):
     import torch
     from safetensors.torch import load_file
@@ -298,3 +337,57 @@ def test_train_grpo_one_step_with_rollouts_from_the_server(served, tmp_path):
     a = load_file(str(served.model_dir / "model.safetensors"))
     b = load_file(str(tmp_path / "g" / "model.safetensors"))
     assert any(not torch.equal(a[k], b[k]) for k in a)   # the policy was trained on the server's rollouts
+
+
+# ------------------------------------------------------------------------------------------- fast: n top-up
+
+def test_chat_tops_up_n_from_a_server_that_ignores_it():
+    """A server that answers one choice whatever ``n`` (transformers serve, llama.cpp): ``chat`` asks again, one
+    choice at a time with seeds seed + 100003*j, and returns exactly n; a vLLM-like server answering n in one
+    reply gets one request."""
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    from llmtool.core.console import UsageError
+    from llmtool.core.endpoint import OpenAIEndpoint
+
+    seen: list[dict] = []
+    mode = {"n": False, "empty": False}
+
+    class H(BaseHTTPRequestHandler):
+        def log_message(self, *a):
+            pass
+
+        def do_POST(self):
+            body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+            seen.append(body)
+            k = 0 if mode["empty"] else (body["n"] if mode["n"] else 1)
+            choices = [{"index": i, "message": {"role": "assistant", "content": f"s{body.get('seed')}-{i}"}}
+                       for i in range(k)]
+            data = json.dumps({"choices": choices}).encode()
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+    srv = ThreadingHTTPServer(("127.0.0.1", 0), H)
+    t = threading.Thread(target=srv.serve_forever, daemon=True)
+    t.start()
+    try:
+        ep = OpenAIEndpoint(f"http://127.0.0.1:{srv.server_address[1]}/v1", "m", retries=0)
+        got = ep.chat([{"role": "user", "content": "hi"}], n=3, temperature=1.0, seed=7)
+        assert [m["content"] for m in got] == ["s7-0", "s100010-0", "s200013-0"]
+        assert [b["n"] for b in seen] == [3, 1, 1] and [b["seed"] for b in seen] == [7, 100010, 200013]
+        seen.clear()
+        assert len(ep.chat([{"role": "user", "content": "hi"}], n=4)) == 4 and all("seed" not in b for b in seen)
+        mode["n"] = True
+        seen.clear()
+        assert [m["content"] for m in ep.chat([{"role": "user", "content": "hi"}], n=3, seed=1)] == \
+            ["s1-0", "s1-1", "s1-2"] and len(seen) == 1
+        mode["empty"] = True
+        with pytest.raises(UsageError, match="no choices"):
+            ep.chat([{"role": "user", "content": "hi"}], n=2)
+    finally:
+        srv.shutdown()
+        srv.server_close()
