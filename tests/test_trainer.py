@@ -286,3 +286,26 @@ def test_transformers_trainer_loads_state_with_weights_only():
         i = src.find("torch.load(", j)
     assert len(calls) >= 5
     assert all("weights_only=True" in c for c in calls), [c for c in calls if "weights_only=True" not in c]
+
+
+@pytest.mark.parametrize("protocol", [2, 4, 5])
+def test_state_file_scan_resolves_globals_of_every_pickle_protocol(tmp_path, protocol):
+    """Protocol 2 names globals inline (GLOBAL); 4 and 5 push module and name as strings, often through the memo
+    (STACK_GLOBAL after BINGET): the scan must resolve both, pass plain tensor state and name the payload."""
+    from llmtool.core.console import UsageError
+    from llmtool.core.resume import check_pickle_file, pickle_globals
+
+    ok = tmp_path / "ok.pt"
+    torch.save({"state": {0: {"exp_avg": torch.zeros(3), "step": torch.tensor(2.0)}}, "param_groups": [{"lr": 0.1}]},
+               ok, pickle_protocol=protocol)
+    check_pickle_file(ok)
+    bad = tmp_path / "bad.pt"
+    marker = tmp_path / "ran"
+    torch.save([torch.zeros(1), _Payload(str(marker)), _Payload(str(marker))], bad, pickle_protocol=protocol)
+    with pytest.raises(UsageError, match="builtins.open|__builtin__.open|io.open"):
+        check_pickle_file(bad)
+    assert not marker.exists()
+    import pickle
+
+    memo = pickle.dumps([_Payload("x"), _Payload("y")], protocol=protocol)  # 2nd global comes from the memo
+    assert pickle_globals(memo, "m") & {"builtins.open", "__builtin__.open", "io.open"}
