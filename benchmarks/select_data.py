@@ -396,8 +396,17 @@ def main() -> None:
                 result[f"args_{part}"] = old.get(f"args_{part}", old.get("args"))
     for part in {"gem", "shift", "mix"} - skip:
         result[f"args_{part}"] = vars(args)
-    md = ["# select-data benchmark", "", f"Last command: `{' '.join(['benchmarks/select_data.py', *sys.argv[1:]])}` "
-          "(each part's arguments are in the JSON as args_gem / args_shift / args_mix)", ""]
+    rebuilt = skip >= {"gem", "shift", "mix"}  # nothing run: the report is rebuilt from the stored results
+    if rebuilt and out.with_suffix(".json").is_file():
+        stored = json.loads(out.with_suffix(".json").read_text())
+        result["args"] = stored.get("args", result["args"])
+        result["last_command"] = stored.get("last_command")
+    else:
+        result["last_command"] = " ".join(["benchmarks/select_data.py", *sys.argv[1:]])
+    md = ["# select-data benchmark", "", (f"Last command: `{result['last_command']}` " if result.get("last_command")
+                                          else "") + "(each part's arguments are in the JSON as args_gem / args_shift / "
+          "args_mix)" + ("; this report was rebuilt from the stored results by `benchmarks/select_data.py --skip "
+                         "gem,shift,mix`" if rebuilt else ""), ""]
     if "gem" not in skip:
         result["gem"] = bench_gem(args)
     if "gem" in result:
