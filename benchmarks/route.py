@@ -104,6 +104,31 @@ def route_gates(acc: dict, mean: dict, rq: dict, doms: list[str]) -> list[dict]:
     return out
 
 
+def gate_rows(gates: list[dict]) -> list[dict]:
+    return [{"gate": x["gate"], "met": {True: "yes", False: "**NOT met**"}.get(x["met"], NOT_TESTED),
+             "measured": json.dumps(x["measured"]) + (f"; {x['reason']}" if verdict(x) == NOT_TESTED else "")}
+            for x in gates]
+
+
+def regate(tag: str) -> None:
+    """``--regate``: the gates of a stored run re-judged by :func:`route_gates` (e.g. after a precondition was
+    added); the JSON's ``gates`` and the md's gate table are replaced, everything else is kept."""
+    from llmtool.core.console import markdown_table
+
+    jf, mf = RESULTS / f"{tag}.json", RESULTS / f"{tag}.md"
+    res = json.loads(jf.read_text())
+    doms = list(res["accuracy"]["base"])
+    res["gates"] = route_gates(res["accuracy"], res["mean_accuracy"], res["routing_quality"], doms)
+    jf.write_text(json.dumps(res, indent=2, default=str))
+    md = mf.read_text()
+    head, sep, rest = md.partition("Gates:\n\n")
+    _, sep2, tail = rest.partition("\n\nCommands:")
+    if not (sep and sep2):
+        raise SystemExit(f"{mf}: no 'Gates:' ... 'Commands:' section to replace")
+    mf.write_text(head + sep + markdown_table(gate_rows(res["gates"])) + sep2 + tail)
+    print(f"re-judged {len(res['gates'])} gates of {jf.name}")
+
+
 def mean_gap_ci(a: list[dict], b: list[dict]) -> dict:
     """Paired difference of per-item correctness (a − b), mean over items with a normal 95 % interval."""
     bi = {x["id"]: x["correct"] for x in b}
@@ -136,7 +161,13 @@ def main() -> None:
     ap.add_argument("--work", default=None, help="work dir (default: a fresh temp dir)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--tag", default="route")
+    ap.add_argument("--regate", action="store_true",
+                    help="re-judge the gates of the stored results/<tag>.json and rewrite their section of <tag>.md "
+                         "(nothing is run)")
     args = ap.parse_args()
+    if args.regate:
+        regate(args.tag)
+        return
 
     import tempfile
 
@@ -256,9 +287,7 @@ def main() -> None:
         row["mean"] = f"{100 * mean[n]:.1f}"
         row["tok/s"] = tps.get(n) if tps.get(n) is not None else "-"
         table.append(row)
-    gl = [{"gate": x["gate"], "met": {True: "yes", False: "**NOT met**"}.get(x["met"], NOT_TESTED),
-           "measured": json.dumps(x["measured"]) + (f"; {x['reason']}" if verdict(x) == NOT_TESTED else "")}
-          for x in gates]
+    gl = gate_rows(gates)
     md = [f"# route benchmark ({args.model}, domains {', '.join(doms)}, {args.train} train / {args.test} test per domain, "
           f"template {args.template}, greedy, seed {args.seed})", "",
           "Accuracy % per domain with Wilson 95 % interval:", "", markdown_table(table), "",
