@@ -126,6 +126,9 @@ def parse_args(argv=None):
                     help="JSONL of finished runs (default OUT.runs.jsonl): each run is appended when it ends, and "
                          "runs already there under the same protocol are reused, so an interrupted or extended "
                          "benchmark (more seeds, arms, optimizers) only trains what is missing")
+    ap.add_argument("--reanalyse", action="store_true",
+                    help="re-run the analysis and the report of the stored OUT.json from its runs file (the gates "
+                         "and verdicts are re-judged; nothing is trained, the overhead timing is kept)")
     a = ap.parse_args(argv)
     a.faults = [f for f in a.faults.split(",") if f]
     a.arms = [x for x in a.arms.split(",") if x]
@@ -629,8 +632,38 @@ def plot(path: Path, res: dict, a) -> None:
 
 
 # ------------------------------------------------------------------------------------------ main
+def reanalyse(out: Path) -> dict:
+    """``--reanalyse``: the stored results' analysis and report redone from their runs file, under the stored
+    command's arguments (a run is matched by its key and its recorded training time)."""
+    import shlex
+
+    res = json.loads(out.with_suffix(".json").read_text())
+    a = parse_args(shlex.split(res["command"])[2:])
+    if not res.get("runs_file"):
+        raise SystemExit(f"{out.name}.json has no runs file (results older than it): rerun the benchmark instead")
+    wanted = {run_key(r): r["seconds"] for r in res["runs"]}
+    runs = {}
+    runs_path = out.parent / res["runs_file"]
+    for line in runs_path.read_text().splitlines():
+        if not line.strip():
+            continue
+        rec = json.loads(line)
+        rec.pop("protocol", None)
+        if wanted.get(run_key(rec)) == rec.get("seconds"):
+            runs[run_key(rec)] = rec
+    missing = set(wanted) - set(runs)
+    if missing:
+        raise SystemExit(f"{runs_path.name}: {len(missing)} stored runs not found (e.g. {sorted(missing)[0]})")
+    res["analysis"] = analyse([runs[k] for k in wanted], a)
+    out.with_suffix(".json").write_text(json.dumps(res, indent=1, default=float))
+    write_md(out.with_suffix(".md"), res, a, res["command"])
+    return res
+
+
 def main(argv=None) -> dict:
     a = parse_args(argv)
+    if a.reanalyse:
+        return reanalyse(Path(a.out))
     import torch
 
     torch.set_num_threads(a.threads)
