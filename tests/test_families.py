@@ -87,13 +87,14 @@ _EXPERTS = arch.P_EXPERTS
 _ROT = ("quantize quarot", "quantize respinquant")
 REFUSED: dict[tuple[str, str], str] = {
     **{("compress", f): _EXPERTS for f in ("qwen3_moe", "mixtral")},
-    **{(c, f): _EXPERTS for c in ("quantize rtn",) + _ROT for f in ("qwen3_moe", "mixtral")},
+    **{("quantize respinquant", f): _EXPERTS for f in ("qwen3_moe", "mixtral")},
     **{("edit memit", f): _EXPERTS for f in ("qwen3_moe", "mixtral")},
     **{("edit keystone", f): _EXPERTS for f in ("qwen3_moe", "mixtral")},
 }
 # what the refusal says, for the table (the cell checks the property name and family in the message)
 REASONS = {
     _EXPERTS: "3-D expert tensors, not Linears",
+    (_EXPERTS, "quantize respinquant"): "rotation learning through experts not built; `--train-steps 0` runs",
 }
 
 
@@ -212,10 +213,15 @@ def _rtn_reference(model, bits: int):
     clip = make_config("rtn", w_bits=bits).w_clip
     with torch.no_grad():
         for layer in arch.decoder_layers(model):
-            for lin in arch.block_linears(layer).values():   # every block Linear, the fused ones as one
-                q = QuantLinear.from_linear(lin)
-                q.set_quantized(*rtn_weight(lin.weight, bits, clip), bits)
-                lin.weight.copy_(q.dequantized_weight(lin.weight.dtype))
+            weights = [lin.weight for lin in arch.block_linears(layer).values()]  # fused ones as one Linear
+            if arch.is_moe_layer(layer):   # and every expert's gate_up [2I, D] and down [D, I]
+                ex, spec = arch.experts(layer), arch.arch_of_layer(layer)
+                weights += [getattr(ex, spec.experts.gate_up)[e] for e in range(arch.n_experts(layer))]
+                weights += [getattr(ex, spec.experts.down)[e] for e in range(arch.n_experts(layer))]
+            for w in weights:
+                q = QuantLinear(w.shape[1], w.shape[0])
+                q.set_quantized(*rtn_weight(w, bits, clip), bits)
+                w.copy_(q.dequantized_weight(w.dtype))
         for w in (arch.embed(model).weight, arch.lm_head(model).weight):
             w.copy_(w.half().float())
     return model
@@ -568,7 +574,7 @@ def render() -> str:
         cells = []
         for f in fams:
             prop = REFUSED.get((cmd, f))
-            cells.append("✓" if prop is None else f"refused: {prop} — {REASONS[prop]}")
+            cells.append("✓" if prop is None else f"refused: {prop} — {REASONS.get((prop, cmd), REASONS[prop])}")
         lines.append(f"| {cmd} | " + " | ".join(cells) + " |")
     lines += ["", "What each cell runs and the property it checks (a refused cell checks the one-line refusal "
               "naming the method, the family and the property):", ""]

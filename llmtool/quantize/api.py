@@ -25,23 +25,37 @@ from llmtool.core.console import UsageError, info, progress
 from llmtool.core.models import decoder_layers
 from llmtool.quantize import rotations as rot_mod
 from llmtool.quantize.gptq import gptq_weight
-from llmtool.quantize.modules import LowRankTransition, QuantLinear, enable_kv_quant, install_transitions
+from llmtool.quantize.modules import (LowRankTransition, QuantExperts, QuantLinear, enable_kv_quant,
+                                      install_transitions)
 from llmtool.quantize.configs import METHODS, QuantConfig  # noqa: F401  (METHODS re-exported)
 from llmtool.quantize.quantizers import rtn_weight
 
 
 def block_quant_linears(layer) -> dict[str, QuantLinear]:
-    """module name (role, or fused name such as ``qkv``) -> block Linear of a decoder layer (QuantLinear
+    """module name (role, or fused name such as ``qkv``, or ``experts.E.gate_up`` / ``experts.E.down`` of an
+    MoE layer once its experts are :class:`QuantExperts`) -> block Linear of a decoder layer (QuantLinear
     once replaced)."""
-    return arch.block_linears(layer)
+    out = dict(arch.block_linears(layer))
+    if arch.is_moe_layer(layer):
+        ex = arch.experts(layer)
+        if isinstance(ex, QuantExperts):
+            out.update(ex.linears())
+    return out
 
 
 def _replace_linears(model, cfg: QuantConfig, rotated: bool) -> None:
     for layer in decoder_layers(model):
-        for role, lin in block_quant_linears(layer).items():
+        for role, lin in arch.block_linears(layer).items():
             q = QuantLinear.from_linear(lin, a_symmetric=cfg.a_symmetric, a_clip_ratio=cfg.a_clip_ratio,
                                         online_hadamard=rotated and role == "down")
             arch.set_linear(layer, role, q)
+        if arch.is_moe_layer(layer):   # routed experts: per-expert QuantLinears (the router stays in float)
+            spec = arch.arch_of_layer(layer)
+            ex = arch.experts(layer)
+            q = QuantExperts.from_experts(ex, getattr(ex, spec.experts.gate_up), getattr(ex, spec.experts.down),
+                                          online_hadamard=rotated, a_symmetric=cfg.a_symmetric,
+                                          a_clip_ratio=cfg.a_clip_ratio)
+            arch.set_module(layer, spec.experts.path, q)
 
 
 @torch.no_grad()
@@ -68,8 +82,11 @@ def quantize_weights(model, cfg: QuantConfig, calib: torch.Tensor | None) -> Non
         for q in linears.values():
             q.observer = None
         for role, q in linears.items():
-            codes, scale = gptq_weight(q.weight, hess.gram[role], cfg.w_bits, cfg.w_clip, cfg.gptq_damp,
-                                       cfg.gptq_block_size)
+            if role not in hess.gram:   # an expert no calibration token was routed to: no Hessian, RTN
+                codes, scale = rtn_weight(q.weight, cfg.w_bits, cfg.w_clip)
+            else:
+                codes, scale = gptq_weight(q.weight, hess.gram[role], cfg.w_bits, cfg.w_clip, cfg.gptq_damp,
+                                           cfg.gptq_block_size)
             q.set_quantized(codes.to(q.weight.device), scale, cfg.w_bits)
 
 
@@ -115,7 +132,7 @@ def quantize_(model, config: QuantConfig, calib: torch.Tensor | None = None) -> 
     """Quantize ``model`` in place with ``config`` (a method's config dataclass); returns a report."""
     config.validate()
     METHODS.get(config.name)
-    rot_mod.check_supported(model, config.name)
+    rot_mod.check_supported(model, config.name, getattr(config, "train_steps", 0))
     report: dict = {"method": config.name}
     t0 = time.perf_counter()
     rot, extra = config.rotate(model, calib)

@@ -94,8 +94,8 @@ def save_quantized(model, out_dir: Path, source_dir: Path, block: dict) -> None:
 def build_structure(model, block: dict) -> None:
     """Give a freshly built HF model the llmtool_quant modules described by ``block``."""
     from llmtool.core import arch
-    from llmtool.quantize.modules import (LowRankTransition, QuantLinear, enable_kv_quant, install_post_norm_rotations,
-                                          install_transitions)
+    from llmtool.quantize.modules import (LowRankTransition, QuantExperts, QuantLinear, enable_kv_quant,
+                                          install_post_norm_rotations, install_transitions)
 
     w, a, kv = block["weights"], block["activations"], block["kv_cache"]
     had = block["online_hadamard"]["down_proj_input"]
@@ -117,6 +117,13 @@ def build_structure(model, block: dict) -> None:
                 q.register_buffer("weight_scale", torch.ones(lin.out_features, 1, dtype=torch.float16))
                 q.register_buffer("weight_shape", torch.zeros(2, dtype=torch.int64))
             arch.set_linear(layer, role, q)
+        if arch.is_moe_layer(layer):   # routed experts as per-expert QuantLinears (QuantExperts)
+            spec = arch.arch_of_layer(layer)
+            ex = arch.experts(layer)
+            n, two_i, d = getattr(ex, spec.experts.gate_up).shape
+            arch.set_module(layer, spec.experts.path, QuantExperts(
+                n, d, two_i // 2, ex.act_fn, online_hadamard=had, dtype=getattr(ex, spec.experts.gate_up).dtype,
+                w_bits=w["bits"], a_bits=a["bits"], a_symmetric=a["symmetric"], a_clip_ratio=a["clip_ratio"]))
         if trans is not None:
             install_transitions(layer, LowRankTransition(hidden, trans["rank"]), LowRankTransition(hidden, trans["rank"]))
         if block.get("post_norm_rotation"):

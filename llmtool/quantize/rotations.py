@@ -54,12 +54,12 @@ from llmtool.core.models import decoder_layers
 from llmtool.kernels.hadamard import hadamard_matrix
 
 
-def check_supported(model, method: str = "quarot") -> None:
+def check_supported(model, method: str = "quarot", train_steps: int = 0) -> None:
     """RMSNorm blocks without routed experts (families of :mod:`llmtool.core.arch`;
     refusals by layout property in :func:`llmtool.quantize.runner.check_family`)."""
     from llmtool.quantize.runner import check_family
 
-    check_family(model, method)
+    check_family(model, method, train_steps)
 
 
 def random_orthogonal(n: int, generator=None, dtype=torch.float64) -> torch.Tensor:
@@ -94,9 +94,12 @@ def prepare(model) -> None:
         for norm, roles in ((arch.input_norm(layer), ("q", "k", "v")),
                             (arch.post_attention_norm(layer), ("gate", "up"))):
             g = arch.norm_gain(norm, spec).detach().clone()   # (1 + w) for Gemma-style norms
-            for role in roles:   # a role of a fused qkv_proj / gate_up_proj is a row view: each row scaled once
-                w = arch.role_weight(layer, role)
-                w.mul_(g.to(w.dtype)[None, :])
+            # a role of a fused qkv_proj / gate_up_proj is a row view: each row scaled once; an MoE MLP's
+            # readers are every expert's gate_up [E, 2I, D] and the router [E, D] (scaled along the last dim)
+            readers = _moe_readers(layer) if roles[0] == "gate" and arch.is_moe_layer(layer) else \
+                [arch.role_weight(layer, role) for role in roles]
+            for w in readers:
+                w.mul_(g.to(w.dtype))
             arch.set_unit_gain(norm, spec)
     norm = arch.final_norm(model)
     g = arch.norm_gain(norm, spec).detach().clone()
@@ -104,12 +107,24 @@ def prepare(model) -> None:
     arch.set_unit_gain(norm, spec)
 
 
+def _moe_readers(layer) -> list[torch.Tensor]:
+    """The tensors that read an MoE layer's MLP input: every expert's gate_up [E, 2I, D] and the router."""
+    spec = arch.arch_of_layer(layer)
+    return [getattr(arch.experts(layer), spec.experts.gate_up).data, arch.router(layer).weight.data]
+
+
+def _moe_down(layer) -> torch.Tensor:
+    spec = arch.arch_of_layer(layer)
+    return getattr(arch.experts(layer), spec.experts.down).data   # [E, D, I]
+
+
 @torch.no_grad()
 def fuse_down_hadamard(model) -> None:
-    """``W_down ← W_down H`` so that an online ``x H`` before down_proj keeps the product unchanged."""
+    """``W_down ← W_down H`` so that an online ``x H`` before down_proj keeps the product unchanged (every
+    expert's down projection in an MoE layer)."""
     for layer in decoder_layers(model):
-        w = arch.role_weight(layer, "down")
-        h = hadamard_matrix(w.shape[1], dtype=torch.float64, device=w.device)
+        w = _moe_down(layer) if arch.is_moe_layer(layer) else arch.role_weight(layer, "down")
+        h = hadamard_matrix(w.shape[-1], dtype=torch.float64, device=w.device)
         w.copy_((w.double() @ h).to(w.dtype))
 
 
@@ -180,10 +195,13 @@ def layer_weights(orig: dict[str, torch.Tensor], rot: RotationSet, i: int, cfg) 
         "k": orig["k"] @ r1,
         "v": _blockdiag_rows(orig["v"] @ r1, r3, arch.n_kv_heads(cfg)),
         "o": _blockdiag_cols(orig["o"] if online else r2.T @ orig["o"], r3, arch.n_heads(cfg)),
-        "gate": orig["gate"] @ r2,
-        "up": orig["up"] @ r2,
-        "down": orig["down"] if online else r1n.T @ orig["down"],
     }
+    # MLP readers (3-D expert tensors and the router of an MoE layer broadcast the same way) and writer
+    for role in ("gate", "up", "gate_up", "router"):
+        if role in orig:
+            out[role] = orig[role] @ r2
+    if "down" in orig:
+        out["down"] = orig["down"] if online else r1n.T @ orig["down"]
     return out
 
 
@@ -241,11 +259,17 @@ def fuse(model, rot: RotationSet) -> None:
     for a, b in zip(rot64.matrices(), rot.matrices()):
         a.data.copy_(b.detach().double().to(device))
     for i, layer in enumerate(layers):
-        orig = {r: arch.role_weight(layer, r).detach().double() for r in arch.ROLES}
+        if arch.is_moe_layer(layer):   # experts: gate_up [E, 2I, D] ← · R2, down [E, D, I] ← R1ᵀ ·, router ← · R2
+            tensors = {r: arch.role_weight(layer, r) for r in arch.ATTENTION_ROLES}
+            tensors.update(zip(("gate_up", "router"), _moe_readers(layer)), down=_moe_down(layer))
+        else:
+            tensors = {r: arch.role_weight(layer, r) for r in arch.ROLES}
+        orig = {r: t.detach().double() for r, t in tensors.items()}
         for r, w in layer_weights(orig, rot64, i, cfg).items():
-            p = arch.role_weight(layer, r)   # a row view of qkv_proj / gate_up_proj where the family fuses
+            p = tensors[r]   # a row view of qkv_proj / gate_up_proj where the family fuses
             p.copy_(w.to(p.dtype))
-        biases = {r: arch.role_bias(layer, r) for r in arch.ROLES}
+        moe = arch.is_moe_layer(layer)   # experts carry no bias
+        biases = {r: arch.role_bias(layer, r) for r in (arch.ATTENTION_ROLES if moe else arch.ROLES)}
         for r, b in layer_biases({r: None if b is None else b.detach().double() for r, b in biases.items()},
                                  rot64, i, cfg).items():
             biases[r].copy_(b.to(biases[r].dtype))

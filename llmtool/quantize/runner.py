@@ -17,19 +17,19 @@ def make_config(method: str, **kw):
     return METHODS.build(method, **kw)
 
 
-def check_family(model_or_config, method: str) -> None:
-    """Refuse the layout properties `quantize` cannot handle, by name (torch-free on a config dict):
-    routed experts (3-D expert tensors are not Linears: QuantLinear and the packed format are per
-    Linear). Biases (Qwen2's q/k/v) stay in float beside the packed weights and follow the output-side
+def check_family(model_or_config, method: str, train_steps: int = 0) -> None:
+    """Refuse the layout properties `quantize` cannot handle, by name (torch-free on a config dict): rotation
+    learning through routed experts (their 3-D tensors become per-expert QuantLinears only after the
+    rotations are fused). Biases (Qwen2's q/k/v) stay in float beside the packed weights and follow the output-side
     rotations; sandwich post-norms (Gemma) are handled by
     an online rotation after the norm (:mod:`llmtool.quantize.rotations`)."""
     from llmtool.core import arch
 
     spec = arch.arch_of(model_or_config, "llmtool quantize")
     name = f"quantize --method {method}"
-    if spec.experts is not None:
-        arch.refuse(name, spec.family, arch.P_EXPERTS, "the experts are 3-D tensors, not Linears; QuantLinear and "
-                    "the packed int format are per Linear")
+    if spec.experts is not None and method in ("spinquant", "respinquant") and train_steps:
+        arch.refuse(name, spec.family, arch.P_EXPERTS, "learning rotations through per-expert tensors is not built "
+                    "(--train-steps 0 runs the Hadamard initialisation)")
 
 
 def config_check(cfg):
@@ -38,7 +38,7 @@ def config_check(cfg):
 
     def check_config(src, config):
         require(config, "llmtool quantize")
-        check_family(config, cfg.name)
+        check_family(config, cfg.name, getattr(cfg, "train_steps", 0))
         if "llmtool_quant" in config:
             raise UsageError(f"{src}: already quantized by llmtool (config.json has llmtool_quant)")
         if "llmtool_lowrank" in config:
