@@ -1,5 +1,6 @@
-"""GPU check of compress and quantize (issue 18): every method on a CUDA device, the kernels against their
-references, and timings, in one prepared run for a lent GPU.
+"""GPU check of compress and quantize (issue 18) and of every other area (issue 41): every method on a CUDA
+device, the kernels against their references, timings, and one smallest CLI job per area, in one prepared run
+for a lent GPU.
 
 Parts (each writes its results as soon as it ends; a part not started before --budget-s is listed as skipped):
 * ``methods``: every compress method (plus the pull-subspace and multi-window variants) and every quantize
@@ -17,7 +18,15 @@ Parts (each writes its results as soon as it ends; a part not started before --b
   GPU memory and decode tokens/s (batch 1, greedy, fixed length) dense bf16 vs W4A16 and W4A4 (RTN), and the
   wall time of GPTQ quantization and ZS-SVD compression of it on the GPU.
 
-    python benchmarks/gpu_check.py [--out DIR] [--budget-s 330] [--parts methods cli kernels e2e]
+* ``areas``: one smallest job per area through the CLI (``llmtool --device DEV --json -q ...``, one process
+  each, AREA_TIMEOUT_S per job) on tiny random Llamas written to a temporary directory: ``train grpo`` 2
+  phases, ``route make-experts`` + ``route train`` 2 steps each, ``kvcache evaluate`` (SnapKV, ppl), ``edit``
+  (MEMIT, 1 edit), ``select-data features``, ``bench-agent run`` (1 episode); reported: ok (exit 0 and the
+  output written) or the error's last lines, and seconds. ``--device cpu`` runs them here (areas only);
+  ``--dry-run`` parses every argv with the CLI's own parser and runs nothing (tests/test_gpu_check_areas.py).
+
+    python benchmarks/gpu_check.py [--out DIR] [--budget-s 330] [--parts methods cli kernels e2e areas]
+    python benchmarks/gpu_check.py --parts areas --device cpu --budget-s 600   # the areas part on the CPU
 
 Writes DIR/gpu_check.{json,md} (default benchmarks/results/gpu_check).
 """
@@ -139,21 +148,26 @@ TEXT = ("It is a truth universally acknowledged, that a single man in possession
         "he is considered the rightful property of some one or other of their daughters. ")
 
 
-def part_cli(res, budget):
+def tiny_tokenizer():
+    """A byte-level BPE tokenizer trained on TEXT (deterministic; the one of tests/conftest.py)."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 
+    tk = Tokenizer(models.BPE())
+    tk.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tk.decoder = decoders.ByteLevel()
+    tk.train_from_iterator([TEXT], trainer=trainers.BpeTrainer(
+        vocab_size=320, special_tokens=["<|endoftext|>"], initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False))
+    return PreTrainedTokenizerFast(tokenizer_object=tk, eos_token="<|endoftext|>", bos_token="<|endoftext|>",
+                                   pad_token="<|endoftext|>", unk_token="<|endoftext|>")
+
+
+def part_cli(res, budget):
     rows = res.setdefault("cli", [])
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
-        tk = Tokenizer(models.BPE())
-        tk.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-        tk.decoder = decoders.ByteLevel()
-        tk.train_from_iterator([TEXT], trainer=trainers.BpeTrainer(
-            vocab_size=320, special_tokens=["<|endoftext|>"], initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-            show_progress=False))
-        tok = PreTrainedTokenizerFast(tokenizer_object=tk, eos_token="<|endoftext|>", bos_token="<|endoftext|>",
-                                      pad_token="<|endoftext|>", unk_token="<|endoftext|>")
+        tok = tiny_tokenizer()
         model_dir = tmp / "tiny"
         tiny_llama(vocab=len(tok)).save_pretrained(model_dir, safe_serialization=True)
         tok.save_pretrained(model_dir)
@@ -191,6 +205,135 @@ def part_cli(res, budget):
                 row["stdout_tail"] = p.stdout[-300:]
             if p.returncode:
                 row["stderr_tail"] = p.stderr[-800:]
+            record(rows, row)
+
+
+# ---------------------------------------------------------------------------------------------- areas
+
+# The areas every GPU check covers with one smallest job each (issue 41); test_gpu_check_areas checks the list.
+AREAS = ("train grpo", "route", "kvcache", "edit", "select-data", "bench-agent")
+AREA_TIMEOUT_S = 240  # per job; the six jobs take ~1 min on an H100-class GPU (see part_areas)
+
+
+def area_inputs(tmp: Path) -> dict[str, Path]:
+    """Tiny random Llamas and the data files of the areas part, written under ``tmp``: ``model`` (2 layers,
+    2,048 positions), ``model4`` (4 layers: MEMIT edits layers 1-2), ``route_base`` (untied head: route's
+    experts and router), ``text``, ``route`` (two domains), ``edits`` (one request), ``pool`` (select-data)."""
+    tok = tiny_tokenizer()
+    paths = {"model": tmp / "tiny", "model4": tmp / "tiny4", "route_base": tmp / "route-base"}
+    for key, over in (("model", {}), ("model4", {"num_hidden_layers": 4}), ("route_base", {"tie_word_embeddings": False})):
+        tiny_llama(vocab=len(tok), max_position_embeddings=2048, **over).save_pretrained(paths[key],
+                                                                                         safe_serialization=True)
+        tok.save_pretrained(paths[key])
+    paths["text"] = tmp / "calib.txt"
+    paths["text"].write_text(TEXT * 40)
+    route_rows = [{"id": f"{d}-{i}", "domain": ["math", "reverse"][d], "prompt": f"{marker} {w}",
+                   "response": " is Paris." if d == 0 else " is Rome.", "answer": "1" if d == 0 else "emor"}
+                  for d, marker in ((0, "France"), (1, "Italy")) for i, w in enumerate(["capital", "truth", "fortune", "wife"])]
+    edits = [{"prompt": "The capital of {} is", "subject": "France", "target_new": "Rome", "target_true": "Paris"}]
+    pool = [{"id": f"p{i}", "prompt": f"What is {i}+{i}?"} for i in range(8)]
+    for key, rows in (("route", route_rows), ("edits", edits), ("pool", pool)):
+        paths[key] = tmp / f"{key}.jsonl"
+        paths[key].write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return paths
+
+
+def area_jobs(tmp: Path, inp: dict[str, Path]) -> list[dict]:
+    """The smallest job of each area as the CLI argv after ``llmtool --device DEV --json -q``, in run order
+    (``route train`` uses the experts that ``route make-experts`` writes). ``out``: what the job writes (a
+    directory, or None for a command that only prints)."""
+    m, t = str(inp["model"]), str(inp["text"])
+    memit_fast = ["--mom2-samples", "512", "--v-steps", "30", "--v-lr", "0.5", "--clamp-norm", "4",
+                  "--v-weight-decay", "0", "--kl-factor", "0", "--mom2-weight", "1"]
+    experts = tmp / "experts"
+    jobs = [
+        ("train grpo", "train grpo (2 steps)",
+         ["train", "grpo", m, tmp / "grpo", "--data", "gen:arith:8:1", "--steps", "2", "--group-size", "4",
+          "--prompts-per-rollout", "2", "--mini-batch", "4", "--micro-batch", "4", "--max-new-tokens", "5",
+          "--lr", "1e-3", "--reward", "random:0.5"], tmp / "grpo"),
+        ("route", "route make-experts (2 steps)",
+         ["route", "make-experts", inp["route_base"], experts, "--data", inp["route"], "--max-steps", "2",
+          "--batch-size", "4", "--template", "raw"], experts),
+        ("route", "route train (2 steps)",
+         ["route", "train", tmp / "router", "--data", inp["route"], "--experts", f"{experts / 'math'},{experts / 'reverse'}",
+          "--base", inp["route_base"], "--max-steps", "2", "--batch-size", "4", "--template", "raw"], tmp / "router"),
+        ("kvcache", "kvcache evaluate (snapkv, ppl)",
+         ["kvcache", "evaluate", m, "--task", "ppl", "--data", t, "--samples", "2", "--prefix", "64",
+          "--continuation", "32", "--method", "snapkv", "--budget", "0.5"], None),
+        ("edit", "edit memit (1 edit)",
+         ["edit", "--method", "memit", "--layers", "1,2", inp["model4"], inp["edits"], tmp / "edited",
+          "--calib-data", t, *memit_fast], tmp / "edited"),
+        ("select-data", "select-data features",
+         ["select-data", "features", inp["pool"], tmp / "features", "--model", m, "--max-new-tokens", "6",
+          "--batch-size", "4"], tmp / "features"),
+        ("bench-agent", "bench-agent run (1 episode)",
+         ["bench-agent", "run", f"hf:{m}", tmp / "agent", "--env", "grid-nav", "--episodes", "1", "--max-rounds", "2",
+          "--max-new-tokens", "8"], tmp / "agent"),
+    ]
+    return [{"area": a, "job": name, "argv": [str(x) for x in argv], "out": out} for a, name, argv, out in jobs]
+
+
+def parse_job(argv: list[str]) -> str:
+    """Parse ``llmtool --device DEV --json -q ARGV`` with the CLI's own parser, running nothing: the command path
+    (e.g. ``route train``); a wrong option, value or argument raises click's error (the dry run's check)."""
+    import typer
+
+    from llmtool.cli import app
+
+    cmd = typer.main.get_command(app)
+    ctx = cmd.make_context("llmtool", ["--device", DEV, "--json", "-q", *argv])
+    path = []
+    while hasattr(cmd, "resolve_command"):  # a group (typer vendors its own click: no isinstance check)
+        protected = getattr(ctx, "_protected_args", None) or getattr(ctx, "protected_args", None) or []  # click 8.2+
+        rest = [*protected, *ctx.args]
+        if not rest:
+            break
+        sub_name, sub, rest = cmd.resolve_command(ctx, rest)
+        if sub is None:
+            raise ValueError(f"no command {sub_name!r} under {' '.join(['llmtool', *path])}")
+        path.append(sub_name)
+        ctx = sub.make_context(sub_name, rest, parent=ctx)
+        cmd = sub
+    return " ".join(path)
+
+
+def part_areas(res, budget, dry_run: bool = False):
+    """One smallest job per area through the CLI on DEV (``--device``): ok / the error's last lines, seconds."""
+    rows = res.setdefault("areas", [])
+    env = dict(os.environ, HF_HUB_OFFLINE="1",
+               PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])))
+    with tempfile.TemporaryDirectory() as tmp:
+        tmp = Path(tmp)
+        jobs = area_jobs(tmp, area_inputs(tmp))
+        for job in jobs:
+            row = {"area": job["area"], "job": job["job"], "device": DEV}
+            if dry_run:
+                try:
+                    row.update(command=parse_job(job["argv"]), ok=True)
+                except Exception as e:  # click's UsageError / BadParameter: the argv does not parse
+                    row.update(ok=False, error=f"{type(e).__name__}: {e}")
+                record(rows, row)
+                continue
+            if elapsed() > budget:
+                record(rows, {**row, "skipped": "budget"})
+                continue
+            t = time.perf_counter()
+            try:
+                p = subprocess.run([sys.executable, "-m", "llmtool", "--device", DEV, "--json", "-q", *job["argv"]],
+                                   capture_output=True, text=True, env=env, timeout=AREA_TIMEOUT_S)
+                rc, stdout, stderr = p.returncode, p.stdout, p.stderr
+            except subprocess.TimeoutExpired as e:
+                rc, stdout, stderr = None, "", f"timeout after {AREA_TIMEOUT_S} s: {(e.stderr or b'')[-300:]!r}"
+            ok = rc == 0 and (job["out"] is None or Path(job["out"]).is_dir())
+            row.update(ok=ok, rc=rc, s=round(time.perf_counter() - t, 2))
+            if not ok:
+                row["error"] = "\n".join(stderr.strip().splitlines()[-3:])[-600:] or "no output written"
+            try:
+                out = json.loads(stdout)
+                row["result"] = {k: v for k, v in out.items() if isinstance(v, (int, float, str, bool))} \
+                    if isinstance(out, dict) else None
+            except json.JSONDecodeError:
+                pass
             record(rows, row)
 
 
@@ -492,14 +635,25 @@ def main() -> int:
                     help="e2e wall-time jobs to run (quarot: GPTQ W4A4; zs-svd: 40 %% compression); none: --jobs")
     ap.add_argument("--smoke", action="store_true",
                     help="run every part on the CPU at tiny shapes (triton interpreted) to check the script")
+    ap.add_argument("--device", choices=["cuda", "cpu"], default="cuda",
+                    help="areas part: the device its jobs run on (cpu: check the jobs here; the other parts need "
+                         "--smoke for the CPU)")
+    ap.add_argument("--dry-run", action="store_true",
+                    help="areas part: parse every job's argv with the CLI's parser, run nothing")
     args = ap.parse_args()
     global DEV, SMOKE, KERNELS
     KERNELS = args.kernels
     if args.smoke:
         os.environ["TRITON_INTERPRET"] = "1"
         DEV, SMOKE = "cpu", True
-    elif not torch.cuda.is_available():
-        print("gpu_check: no CUDA device (use --smoke to check the script on the CPU)", file=sys.stderr)
+    elif args.device == "cpu":
+        if set(args.parts) - {"areas"}:
+            print("gpu_check: --device cpu runs the areas part only (the other parts: --smoke)", file=sys.stderr)
+            return 2
+        DEV = "cpu"
+    elif not torch.cuda.is_available() and not args.dry_run:
+        print("gpu_check: no CUDA device (use --smoke or --device cpu to check the script on the CPU)",
+              file=sys.stderr)
         return 2
     import transformers
 
@@ -510,13 +664,15 @@ def main() -> int:
         tver = None
     global OUT
     res = RES
-    res.update({"env": {"device": torch.cuda.get_device_name() if DEV == "cuda" else "cpu (smoke)", "torch": torch.__version__, "cuda": torch.version.cuda,
+    res.update({"env": {"device": torch.cuda.get_device_name() if DEV == "cuda" and torch.cuda.is_available()
+                        else ("cpu (smoke)" if SMOKE else DEV), "torch": torch.__version__, "cuda": torch.version.cuda,
                    "triton": tver, "transformers": transformers.__version__, "python": platform.python_version()},
            "meta": {"argv": sys.argv[1:], "budget_s": args.budget_s}})
     out = OUT = Path(args.out)
     parts = {"methods": lambda: part_methods(res, args.budget_s), "cli": lambda: part_cli(res, args.budget_s),
              "kernels": lambda: part_kernels(res, args.budget_s),
-             "e2e": lambda: part_e2e(res, args.budget_s, args.layers, args.jobs)}
+             "e2e": lambda: part_e2e(res, args.budget_s, args.layers, args.jobs),
+             "areas": lambda: part_areas(res, args.budget_s, args.dry_run)}
     for name in args.parts:
         t = time.perf_counter()
         try:
