@@ -85,7 +85,7 @@ def models() -> list[dict]:
     rows = []
     for m in defaults.MODELS.values():
         d = defaults.model_dir(m.alias)
-        rows.append({"alias": m.alias, "package": m.pip_name, "package_installed": _found(m.package),
+        rows.append({"alias": m.alias, "package": m.pip_name, "package_installed": not m.missing_modules(),
                      "materialized": (d / "config.json").is_file(), "path": str(d)})
     return rows
 
