@@ -86,7 +86,6 @@ COMMANDS = {
 _EXPERTS = arch.P_EXPERTS
 _ROT = ("quantize quarot", "quantize respinquant")
 REFUSED: dict[tuple[str, str], str] = {
-    **{("compress", f): _EXPERTS for f in ("qwen3_moe", "mixtral")},
     **{("quantize respinquant", f): _EXPERTS for f in ("qwen3_moe", "mixtral")},
     **{("edit memit", f): _EXPERTS for f in ("qwen3_moe", "mixtral")},
     **{("edit keystone", f): _EXPERTS for f in ("qwen3_moe", "mixtral")},
@@ -190,7 +189,10 @@ def cell_compress(family, d, tmp):
     from llmtool.compress.methods import make_config
     from llmtool.compress.run import compress
 
+    from llmtool.core.experts import unfuse_experts
+
     model = _load(d)
+    unfuse_experts(model)   # what compress does: per-expert Linears (MoE families)
     mods = dict(model.named_modules())
     names = [n for layer in arch.module_names(model) for n in layer]
     full = {n: min(mods[n].weight.shape) for n in names}

@@ -148,6 +148,9 @@ def load_checkpoint(path: Path, config: dict, dtype: torch.dtype, device: torch.
         raise UsageError(f"{path}/config.json: {FORMAT_KEY}.ranks must be an object of module -> rank")
     hf_config = read_hf_config(path, config)
     model = AutoModelForCausalLM.from_config(hf_config, dtype=dtype)
+    from llmtool.core.experts import unfuse_experts
+
+    unfuse_experts(model)   # an MoE checkpoint was compressed with its experts as per-expert Linears
     try:
         swap_in_lowrank(model, ranks)
     except AttributeError as e:

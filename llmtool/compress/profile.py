@@ -86,6 +86,15 @@ def layer_statistics(model, ids: torch.Tensor, batch_size: int = 4, gram: bool =
             with forward_hooks(model, group, stats.hook):
                 last = k == len(passes) - 1
                 step.forward(keep=last, discard=not last)
+            for source in group:   # a routed expert no calibration token reached: identity statistics
+                if source not in stats.count:
+                    n_in = modules[source].in_features
+                    w = modules[source].weight
+                    stats.count[source] = 1
+                    if gram:
+                        stats.gram[source] = torch.eye(n_in, dtype=stats.dtype, device=w.device)
+                    if abs_mean:
+                        stats.abs_sum[source] = torch.ones(n_in, dtype=stats.dtype, device=w.device)
             if len(passes) > 1:
                 for source in group:
                     g = stats.gram.pop(source)

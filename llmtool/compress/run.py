@@ -26,9 +26,6 @@ def check_config(src, config: dict) -> None:
                          "weights (compress the original model instead)")
     from llmtool.core import arch
 
-    if arch.is_supported(config) and arch.arch_of(config).experts is not None:
-        arch.refuse("compress", arch.arch_of(config).family, arch.P_EXPERTS,
-                    "its experts are 3-D tensors, not Linears; per-expert low-rank factors are not built")
 
 
 def compress(model_arg: str, out: Path, cfg: CompressConfig, overwrite: bool = False,
@@ -73,6 +70,12 @@ def compress(model_arg: str, out: Path, cfg: CompressConfig, overwrite: bool = F
                                                     cfg.grad_seed)
         extra: dict = {}
         if stream:
+            from llmtool.core import arch
+
+            if arch.is_supported(config) and arch.arch_of(config).experts is not None:
+                arch.refuse("compress --stream", arch.arch_of(config).family, arch.P_EXPERTS,
+                            "the layer stream materialises the checkpoint's expert tensors, which are not "
+                            "unfused into Linears here (compress without --stream)")
             from llmtool.compress.streamed import compress_streamed
             from llmtool.core.models import parse_device
 
@@ -80,8 +83,11 @@ def compress(model_arg: str, out: Path, cfg: CompressConfig, overwrite: bool = F
             result, extra = compress_streamed(src, j.dir, cfg, calib, grad, parse_dtype(dtype), parse_device(device))
             params_before, model = stored_param_count(src), None
         else:
+            from llmtool.core.experts import unfuse_experts
+
             model = load_model(src, dtype=dtype, device=device)
             params_before = param_count(model)
+            unfuse_experts(model)   # routed experts as per-expert Linears: each gets its own low-rank factors
             info(f"compressing {src.name} with {cfg.name} at ratio {cfg.ratio}")
             result = compress_model(model, cfg, calib, grad)
         block = {"method": cfg.name, "ratio": cfg.ratio, "ranks": result.ranks, "dense": result.dense,

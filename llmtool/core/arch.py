@@ -438,7 +438,8 @@ def linear(layer: torch.nn.Module, role: str, arch: Arch | None = None) -> torch
 
 
 def block_linears(layer: torch.nn.Module, arch: Arch | None = None) -> dict:
-    """Module name -> Linear of every block Linear of ``layer`` (fused ones once; none for an MoE MLP)."""
+    """Module name -> Linear of every block Linear of ``layer`` (fused ones once; an MoE MLP's experts only once
+    unfused into Linears by :func:`llmtool.core.experts.unfuse_experts` or quantized per expert)."""
     arch = arch_of_layer(layer, arch)
     out = {}
     moe = is_moe_layer(layer, arch)
@@ -446,6 +447,10 @@ def block_linears(layer: torch.nn.Module, arch: Arch | None = None) -> dict:
         if moe and name in MLP_ROLES + ("gate_up",):
             continue
         out[name] = layer.get_submodule(arch.module_path(name))
+    if moe:   # experts unfused into Linears (core.experts.LinearExperts): ``experts.E.gate_up`` / ``experts.E.down``
+        ex = layer.get_submodule(arch.experts.path)
+        if hasattr(ex, "linears"):
+            out.update(ex.linears())
     return out
 
 
@@ -555,8 +560,11 @@ def module_names(model) -> list[list[str]]:
     """Full names of every block Linear module (fused ones once; an MoE MLP contributes none), per layer."""
     arch = arch_of(model)
     prefix = layers_prefix(model)
-    return [[f"{prefix}.{i}.{arch.module_path(n)}" for n in block_linears(layer, arch)]
-            for i, layer in enumerate(decoder_layers(model))]
+    out = []
+    for i, layer in enumerate(decoder_layers(model)):
+        paths = {id(m): n for n, m in layer.named_modules()}
+        out.append([f"{prefix}.{i}.{paths[id(m)]}" for m in block_linears(layer, arch).values()])
+    return out
 
 
 def role_of(name: str, arch: Arch | None = None) -> str | None:

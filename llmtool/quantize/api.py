@@ -35,12 +35,7 @@ def block_quant_linears(layer) -> dict[str, QuantLinear]:
     """module name (role, or fused name such as ``qkv``, or ``experts.E.gate_up`` / ``experts.E.down`` of an
     MoE layer once its experts are :class:`QuantExperts`) -> block Linear of a decoder layer (QuantLinear
     once replaced)."""
-    out = dict(arch.block_linears(layer))
-    if arch.is_moe_layer(layer):
-        ex = arch.experts(layer)
-        if isinstance(ex, QuantExperts):
-            out.update(ex.linears())
-    return out
+    return arch.block_linears(layer)   # QuantExperts lists its per-expert QuantLinears
 
 
 def _replace_linears(model, cfg: QuantConfig, rotated: bool) -> None:
