@@ -59,9 +59,10 @@ class Served:
     def name(self) -> str:   # the model id the server answers to: the path it was started with
         return str(self.model_dir)
 
-    def chat_posts(self) -> int:
-        """POST /v1/chat/completions requests the server has answered with 200 (its uvicorn access log)."""
-        return sum('"POST /v1/chat/completions HTTP/1.1" 200' in line
+    def chat_posts(self, status: str = "200") -> int:
+        """POST /v1/chat/completions requests the server has answered with ``status`` ("" = any; its uvicorn
+        access log)."""
+        return sum(f'"POST /v1/chat/completions HTTP/1.1" {status}' in line
                    for line in self.log.read_text(errors="replace").splitlines())
 
 
@@ -214,6 +215,20 @@ def test_bench_agent_episode_through_the_server(served, local, tmp_path):
     assert 1 <= len(turns) <= 2 and served.chat_posts() - before == len(turns)
     for i in turns:   # the agent is greedy by default (temperature 0): each turn is the model's greedy answer
         assert conv[i]["content"] == local.greedy(conv[:i], 8)
+
+
+@pytest.mark.slow
+def test_bench_agent_tools_protocol_through_the_server(served, tmp_path):
+    """--protocol tools sends the action schemas as OpenAI tools: the server accepts them (its chat template
+    gets them) and the reply's text or tool calls become the agent's turns."""
+    before, before_any = served.chat_posts(), served.chat_posts("")
+    code, _, err = run_cli("bench-agent", "run", f"openai:{served.api}#{served.name}", tmp_path / "t", "--env", "grid-nav",
+                           "--episodes", "1", "--max-rounds", "2", "--max-new-tokens", "8", "--protocol", "tools")
+    assert code == 0, err
+    recs = [json.loads(line) for line in (tmp_path / "t" / "episodes.jsonl").read_text().splitlines()]
+    turns = [m for m in recs[0]["conversation"] if m["role"] == "assistant"]
+    # every request answered 200: no refusal of the tools (which would fall back to the text protocol)
+    assert 1 <= len(turns) <= 2 and served.chat_posts() - before == served.chat_posts("") - before_any == len(turns)
 
 
 @pytest.mark.slow
