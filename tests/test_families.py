@@ -487,6 +487,20 @@ def test_calibration_replay_equals_the_forward(family):
     _close(torch.cat(outs), want["h"], 1e-5)
 
 
+def test_eviction_on_an_all_sliding_model_is_refused_by_name(monkeypatch):
+    """Mistral-style configs with a sliding window on every layer: sliding layers are not evicted, so a
+    budget below 1 would evict nothing; the refusal names the property."""
+    from llmtool.kvcache.pipeline import KVSpec, generate
+
+    monkeypatch.setitem(FAMILY_CONFIGS, "mistral", ("MistralConfig", dict(sliding_window=8)))
+    model = build_model("mistral")
+    assert arch.attention_kinds(model.config) == ["sliding", "sliding"]
+    with pytest.raises(UsageError, match=r"mistral \(sliding-window layers\)"):
+        generate(model, _ids(20), None, KVSpec(evict="snapkv", budget=0.5, window_size=4), max_new_tokens=2)
+    toks, _, _ = generate(model, _ids(20), None, KVSpec(evict="snapkv", budget=1.0, window_size=4), max_new_tokens=4)
+    assert list(toks) == greedy(model, _ids(20)[0].tolist(), 4)
+
+
 def test_broken_fused_slice_fails_the_rotation_property(family_dirs, tmp_path, monkeypatch):
     """Phi-3 with q and k swapped in the adapter's qkv_proj split: the QuaRot property check fails."""
     spec = arch.FAMILIES["phi3"]

@@ -149,7 +149,7 @@ class Press(abc.ABC):
         mods = attention_modules(model)
         from llmtool.core import arch
 
-        if mods and all(arch.is_sliding(m) for m in mods):
+        if mods and self.budget < 1.0 and all(arch.is_sliding(m) for m in mods):
             arch.refuse(f"kvcache eviction ({type(self).__name__})", arch.arch_of(model).family, arch.P_SLIDING,
                         "every layer is sliding-window, and sliding layers are not evicted (their window already "
                         "bounds what they read)")
