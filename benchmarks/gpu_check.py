@@ -222,7 +222,8 @@ def area_inputs(tmp: Path) -> dict[str, Path]:
     experts and router), ``text``, ``route`` (two domains), ``edits`` (one request), ``pool`` (select-data)."""
     tok = tiny_tokenizer()
     paths = {"model": tmp / "tiny", "model4": tmp / "tiny4", "route_base": tmp / "route-base"}
-    for key, over in (("model", {}), ("model4", {"num_hidden_layers": 4}), ("route_base", {"tie_word_embeddings": False})):
+    sizes = (("model", {}), ("model4", {"num_hidden_layers": 4}), ("route_base", {"tie_word_embeddings": False}))
+    for key, over in sizes:
         tiny_llama(vocab=len(tok), max_position_embeddings=2048, **over).save_pretrained(paths[key],
                                                                                          safe_serialization=True)
         tok.save_pretrained(paths[key])
@@ -230,7 +231,8 @@ def area_inputs(tmp: Path) -> dict[str, Path]:
     paths["text"].write_text(TEXT * 40)
     route_rows = [{"id": f"{d}-{i}", "domain": ["math", "reverse"][d], "prompt": f"{marker} {w}",
                    "response": " is Paris." if d == 0 else " is Rome.", "answer": "1" if d == 0 else "emor"}
-                  for d, marker in ((0, "France"), (1, "Italy")) for i, w in enumerate(["capital", "truth", "fortune", "wife"])]
+                  for d, marker in ((0, "France"), (1, "Italy"))
+                  for i, w in enumerate(["capital", "truth", "fortune", "wife"])]
     edits = [{"prompt": "The capital of {} is", "subject": "France", "target_new": "Rome", "target_true": "Paris"}]
     pool = [{"id": f"p{i}", "prompt": f"What is {i}+{i}?"} for i in range(8)]
     for key, rows in (("route", route_rows), ("edits", edits), ("pool", pool)):
@@ -256,8 +258,9 @@ def area_jobs(tmp: Path, inp: dict[str, Path]) -> list[dict]:
          ["route", "make-experts", inp["route_base"], experts, "--data", inp["route"], "--max-steps", "2",
           "--batch-size", "4", "--template", "raw"], experts),
         ("route", "route train (2 steps)",
-         ["route", "train", tmp / "router", "--data", inp["route"], "--experts", f"{experts / 'math'},{experts / 'reverse'}",
-          "--base", inp["route_base"], "--max-steps", "2", "--batch-size", "4", "--template", "raw"], tmp / "router"),
+         ["route", "train", tmp / "router", "--data", inp["route"],
+          "--experts", f"{experts / 'math'},{experts / 'reverse'}", "--base", inp["route_base"], "--max-steps", "2",
+          "--batch-size", "4", "--template", "raw"], tmp / "router"),
         ("kvcache", "kvcache evaluate (snapkv, ppl)",
          ["kvcache", "evaluate", m, "--task", "ppl", "--data", t, "--samples", "2", "--prefix", "64",
           "--continuation", "32", "--method", "snapkv", "--budget", "0.5"], None),

@@ -222,8 +222,8 @@ def test_bench_agent_tools_protocol_through_the_server(served, tmp_path):
     """--protocol tools sends the action schemas as OpenAI tools: the server accepts them (its chat template
     gets them) and the reply's text or tool calls become the agent's turns."""
     before, before_any = served.chat_posts(), served.chat_posts("")
-    code, _, err = run_cli("bench-agent", "run", f"openai:{served.api}#{served.name}", tmp_path / "t", "--env", "grid-nav",
-                           "--episodes", "1", "--max-rounds", "2", "--max-new-tokens", "8", "--protocol", "tools")
+    code, _, err = run_cli("bench-agent", "run", f"openai:{served.api}#{served.name}", tmp_path / "t",
+                           "--env", "grid-nav", "--episodes", "1", "--max-rounds", "2", "--max-new-tokens", "8", "--protocol", "tools")
     assert code == 0, err
     recs = [json.loads(line) for line in (tmp_path / "t" / "episodes.jsonl").read_text().splitlines()]
     turns = [m for m in recs[0]["conversation"] if m["role"] == "assistant"]
