@@ -176,8 +176,9 @@ def child_grpo(engine: str, a) -> dict:
             recs = loop.run_phase()
             dt = time.perf_counter() - t0
             r = recs[0]
-            phases.append({"seconds": dt, "gen_seconds": r["gen_seconds"],
-                           "tokens": r["response_len"] * P * G, "reward": r.get("reward_mean")})
+            phases.append({"seconds": dt, "gen_seconds": r["gen_seconds"], "old_logp_seconds": r["old_logp_seconds"],
+                           "train_seconds": r["train_seconds_phase"], "tokens": r["response_len"] * P * G,
+                           "reward": r.get("reward_mean")})
     else:
         from transformers import TrainerCallback
 
@@ -215,7 +216,8 @@ def child_grpo(engine: str, a) -> dict:
             trainer.args.logging_steps = 1
             trainer.train()
     keep = phases[1:] if len(phases) > 1 else phases
-    return {"engine": engine, "phases": phases,
+    split = {k: med([p[k] for p in keep]) for k in ("gen_seconds", "old_logp_seconds", "train_seconds") if k in keep[0]}
+    return {"engine": engine, "phases": phases, "split_seconds": split,
             "seconds_per_update": med([p["seconds"] for p in keep]),
             "gen_tokens_per_s": sum(p["tokens"] for p in keep) / max(sum(p["gen_seconds"] for p in keep), 1e-9),
             "mean_response_len": sum(p["tokens"] for p in keep) / (len(keep) * P * G)}
@@ -247,7 +249,8 @@ def row_grpo(args) -> list[dict]:
          "llmtool_value": r3(m(h, "seconds_per_update")), "peer_value": r3(m(t, "seconds_per_update")),
          "ratio": r3(m(h, "seconds_per_update") / m(t, "seconds_per_update")),
          "runs": {"home": [r3(o["seconds_per_update"]) for o in h], "trl": [r3(o["seconds_per_update"]) for o in t]},
-         "mean_response_len": {"home": r3(m(h, "mean_response_len")), "trl": r3(m(t, "mean_response_len"))}},
+         "mean_response_len": {"home": r3(m(h, "mean_response_len")), "trl": r3(m(t, "mean_response_len"))},
+         "split_seconds": {"home": [o["split_seconds"] for o in h], "trl": [o["split_seconds"] for o in t]}},
         {**common, "job": "sampled tokens / s (generation time)", "llmtool": f"{m(h, 'gen_tokens_per_s'):.1f}",
          "llmtool_value": r3(m(h, "gen_tokens_per_s")), "peer_value": r3(m(t, "gen_tokens_per_s")),
          "ratio": r3(m(h, "gen_tokens_per_s") / m(t, "gen_tokens_per_s")), "higher_is_better": True},
@@ -287,17 +290,26 @@ def row_quant(args) -> list[dict]:
     ids = tok(load_text("austen-test"), return_tensors="pt")["input_ids"][0][: args.quant_eval_tokens]
     windows = ids[: len(ids) // 512 * 512].reshape(-1, 512)
     prompt = ids[None, :32]
-    settings = {"fp32": None, "W8A16": (8, False), "W4A16 (exact fp32 path)": (4, False),
-                "W4A16 (int4 kernel, bf16 act)": (4, True)}
-    models, int4 = {}, {}
+    import torch.nn.functional as F
+
+    from llmtool.quantize import modules as qmodules
+
+    def previous_path(x, q, scale):     # before issue 44: the weight scaled (broadcast multiply) before the GEMM
+        return F.linear(x.float(), q.to(torch.float32) * scale.float().reshape(-1, 1))
+    current_path = qmodules.weight_only_mm_codes
+    # name -> (weight bits, int4 kernel on bf16-rounded activations, previous exact path)
+    settings = {"fp32": None, "W8A16": (8, False, False), "W4A16 (exact fp32 path)": (4, False, False),
+                "W4A16 (previous exact path)": (4, False, True), "W4A16 (int4 kernel, bf16 act)": (4, True, False)}
+    models, int4, legacy = {}, {}, {}
     for name, kw in settings.items():
         m = load_model(args.model, dtype="float32")
         if kw is not None:
             quantize_(m, make_config("rtn", w_bits=kw[0], a_bits=16), None)
-        models[name], int4[name] = m, bool(kw and kw[1])
+        models[name], int4[name], legacy[name] = m, bool(kw and kw[1]), bool(kw and kw[2])
 
     def use(name):
         QuantLinear.cpu_int4_bf16 = int4[name]
+        qmodules.weight_only_mm_codes = previous_path if legacy[name] else current_path
 
     @torch.no_grad()
     def decode(name) -> float:
@@ -365,6 +377,7 @@ def row_quant(args) -> list[dict]:
                      "load_before": lb, "load_after": la})
         print(rows[-1], flush=True)
     QuantLinear.cpu_int4_bf16 = False
+    qmodules.weight_only_mm_codes = current_path
     return rows
 
 
@@ -487,7 +500,7 @@ def render(doc: dict) -> str:
     g = doc["rows"].get("grpo", [])
     if g:
         lines += [f"train grpo setting: {g[0]['setting']}; runs: {g[0]['runs']}; mean response length "
-                  f"{g[0]['mean_response_len']}.", ""]
+                  f"{g[0]['mean_response_len']}; per-phase split (median seconds) {g[0].get('split_seconds')}.", ""]
     s = doc["rows"].get("scoring", [])
     if s:
         lines += [f"code scoring: passed {s[0]['passed']}; median seconds per program {s[0]['median_seconds']}; "
