@@ -81,6 +81,9 @@ COMMANDS = {
                        "decodes the same tokens as plain greedy decoding"),
     "bench-agent run": ("library `HFAgent.act`, two turns with cache reuse",
                         "decodes as plain greedy decoding; the second turn equals a fresh agent's"),
+    "generate (evade, evaluate tasks/judge, learn-program)": (
+        "library `core.lm.generate` (the shared decoding of these commands), a left-padded batch of two",
+        "decodes the same tokens as plain greedy decoding"),
 }
 
 _EXPERTS = arch.P_EXPERTS
@@ -414,6 +417,17 @@ def cell_bench_agent(family, d, tmp):
     assert second.content == fresh.content and agent.reused_tokens > 0
 
 
+def cell_lm_generate(family, d, tmp):
+    from llmtool.core.lm import generate
+
+    model = _load(d)
+    prompts = [_ids(14)[0].tolist(), _ids(9, 20)[0].tolist()]
+    outs = generate(model, _tok(), prompts, max_new_tokens=5, batch_size=2)
+    for p, o in zip(prompts, outs):
+        ref = greedy(model, p, 5, eos=_tok().eos_token_id)
+        assert o[0].token_ids == ref, (o[0].token_ids, ref)
+
+
 CELLS = {
     "evaluate ppl": cell_ppl,
     "compress": cell_compress,
@@ -427,6 +441,7 @@ CELLS = {
     "train grpo": cell_grpo,
     "route generate": cell_route,
     "bench-agent run": cell_bench_agent,
+    "generate (evade, evaluate tasks/judge, learn-program)": cell_lm_generate,
 }
 
 
