@@ -95,8 +95,11 @@ REFUSED: dict[tuple[str, str], str] = {
 }
 # what the refusal says, for the table (the cell checks the property name and family in the message)
 REASONS = {
-    _EXPERTS: "3-D expert tensors, not Linears",
     (_EXPERTS, "quantize respinquant"): "rotation learning through experts not built; `--train-steps 0` runs",
+    (_EXPERTS, "edit memit"): "the down projection is one of several experts chosen per token: no one matrix "
+                              "to write",
+    (_EXPERTS, "edit keystone"): "MLP neurons live in per-expert tensors; attention families run "
+                                 "(`--families q,k,v,o`)",
 }
 
 
@@ -605,7 +608,7 @@ def render() -> str:
         cells = []
         for f in fams:
             prop = REFUSED.get((cmd, f))
-            cells.append("✓" if prop is None else f"refused: {prop} — {REASONS.get((prop, cmd), REASONS[prop])}")
+            cells.append("✓" if prop is None else f"refused: {prop} — {REASONS[(prop, cmd)]}")
         lines.append(f"| {cmd} | " + " | ".join(cells) + " |")
     lines += ["", "What each cell runs and the property it checks (a refused cell checks the one-line refusal "
               "naming the method, the family and the property):", ""]
