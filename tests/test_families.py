@@ -89,13 +89,11 @@ COMMANDS = {
 _EXPERTS = arch.P_EXPERTS
 _ROT = ("quantize quarot", "quantize respinquant")
 REFUSED: dict[tuple[str, str], str] = {
-    **{("quantize respinquant", f): _EXPERTS for f in ("qwen3_moe", "mixtral")},
     **{("edit memit", f): _EXPERTS for f in ("qwen3_moe", "mixtral")},
     **{("edit keystone", f): _EXPERTS for f in ("qwen3_moe", "mixtral")},
 }
 # what the refusal says, for the table (the cell checks the property name and family in the message)
 REASONS = {
-    (_EXPERTS, "quantize respinquant"): "rotation learning through experts not built; `--train-steps 0` runs",
     (_EXPERTS, "edit memit"): "the down projection is one of several experts chosen per token: no one matrix "
                               "to write",
     (_EXPERTS, "edit keystone"): "MLP neurons live in per-expert tensors; attention families run "

@@ -64,6 +64,32 @@ class _TrainLinear(nn.Module):
         return y if self.bias_eff is None else y + self.bias_eff.to(y.dtype)
 
 
+class _TrainExperts(nn.Module):
+    """An MoE layer's routed experts during rotation learning: effective 3-D weights set each step
+    (gate_up ``· R2``, down ``R1ᵀ ·``), each expert's matrices fake-quantized like a block Linear, the
+    online Hadamard on each down input; the same routed sum as transformers' experts module."""
+
+    def __init__(self, cfg: QuantConfig, act_fn, n: int):
+        super().__init__()
+        self.cfg, self.act_fn, self.num_experts = cfg, act_fn, n
+        self.gate_up_eff = self.down_eff = None
+
+    def forward(self, hidden_states, top_k_index, top_k_weights):
+        out = torch.zeros_like(hidden_states)
+        c = self.cfg
+        for e in range(self.num_experts):
+            tok, pos = torch.where(top_k_index == e)
+            if tok.numel() == 0:
+                continue
+            x = fake_quant_act_ste(hidden_states[tok], c.a_bits, c.a_symmetric, c.a_clip_ratio)
+            gate, up = F.linear(x, fake_quant_weight_ste(self.gate_up_eff[e], c.w_bits)).chunk(2, dim=-1)
+            h = hadamard_transform(self.act_fn(gate) * up)
+            h = fake_quant_act_ste(h, c.a_bits, c.a_symmetric, c.a_clip_ratio)
+            y = F.linear(h, fake_quant_weight_ste(self.down_eff[e], c.w_bits)) * top_k_weights[tok, pos, None]
+            out = out.index_add(0, tok, y.to(out.dtype))
+        return out
+
+
 @contextlib.contextmanager
 def training_view(model, rot: R.RotationSet, cfg: QuantConfig):
     """Temporarily turn the prepared model into the differentiable fake-quantized rotated model.
@@ -73,8 +99,19 @@ def training_view(model, rot: R.RotationSet, cfg: QuantConfig):
     saved, frozen, train_mods, bias_frozen = [], [], [], []
     for layer in layers:
         orig, mods, keep = {}, {}, {}
-        orig = {role: arch.role_weight(layer, role).detach() for role in arch.ROLES}
-        orig_b = {role: arch.role_bias(layer, role) for role in arch.ROLES}
+        moe = arch.is_moe_layer(layer)
+        roles = arch.ATTENTION_ROLES if moe else arch.ROLES
+        orig = {role: arch.role_weight(layer, role).detach() for role in roles}
+        orig_b = {role: arch.role_bias(layer, role) for role in roles}
+        if moe:   # the experts (3-D) and the router read R2 / write R1[i+1], recomputed each step
+            ex, router = arch.experts(layer), arch.router(layer)
+            orig.update(gate_up=getattr(ex, spec.experts.gate_up).detach(), down=getattr(ex, spec.experts.down).detach(),
+                        router=router.weight.detach())
+            keep["experts"] = ex
+            keep["router_weight"] = router.weight
+            mods["experts"] = _TrainExperts(cfg, ex.act_fn, orig["gate_up"].shape[0])
+            arch.set_module(layer, spec.experts.path, mods["experts"])
+            del router.weight
         bias_frozen.append({r: None if b is None else b.detach() for r, b in orig_b.items()})
         for name, lin in arch.block_linears(layer).items():   # a fused qkv_proj / gate_up_proj: one module
             keep[name] = lin
@@ -98,6 +135,10 @@ def training_view(model, rot: R.RotationSet, cfg: QuantConfig):
             w = R.layer_weights(frozen[i], rot, i, model.config)
             b = R.layer_biases(bias_frozen[i], rot, i, model.config)
             for name, mod in train_mods[i].items():
+                if name == "experts":
+                    mod.gate_up_eff, mod.down_eff = w["gate_up"], w["down"]
+                    arch.router(layer).weight = w["router"]
+                    continue
                 fused = spec.fused.get(name)
                 mod.weight_eff = torch.cat([w[r] for r in fused.roles]) if fused else w[name]
                 roles = fused.roles if fused else (name,)
@@ -118,7 +159,15 @@ def training_view(model, rot: R.RotationSet, cfg: QuantConfig):
             for path in (spec.attn_out_norm, spec.mlp_out_norm) if R.post_norms(model) else ():
                 arch.set_module(layer, path, layer.get_submodule(path).norm)   # fuse() installs the final ones
             for role, lin in keep.items():
-                arch.set_linear(layer, role, lin)
+                if role == "experts":
+                    arch.set_module(layer, spec.experts.path, lin)
+                elif role == "router_weight":
+                    router = arch.router(layer)
+                    if "weight" in router.__dict__:
+                        del router.weight
+                    router.weight = lin
+                else:
+                    arch.set_linear(layer, role, lin)
         if cfg.kv_bits < 16:
             disable_kv_quant(model)
 

@@ -18,18 +18,15 @@ def make_config(method: str, **kw):
 
 
 def check_family(model_or_config, method: str, train_steps: int = 0) -> None:
-    """Refuse the layout properties `quantize` cannot handle, by name (torch-free on a config dict): rotation
-    learning through routed experts (their 3-D tensors become per-expert QuantLinears only after the
-    rotations are fused). Biases (Qwen2's q/k/v) stay in float beside the packed weights and follow the output-side
-    rotations; sandwich post-norms (Gemma) are handled by
-    an online rotation after the norm (:mod:`llmtool.quantize.rotations`)."""
+    """The family checks of `quantize` (torch-free on a config dict): a family of :mod:`llmtool.core.arch`.
+    Every layout property of those families is handled: fused projections by row views, biases kept in float
+    beside the packed weights (rotated with the output side), sandwich post-norms by an online rotation after
+    the norm, routed experts as per-expert QuantLinears (rotations and their learning fused into every
+    expert and the router) — see :mod:`llmtool.quantize.rotations`. ``method`` / ``train_steps`` name what
+    runs, for a refusal a future layout property may need."""
     from llmtool.core import arch
 
-    spec = arch.arch_of(model_or_config, "llmtool quantize")
-    name = f"quantize --method {method}"
-    if spec.experts is not None and method in ("spinquant", "respinquant") and train_steps:
-        arch.refuse(name, spec.family, arch.P_EXPERTS, "learning rotations through per-expert tensors is not built "
-                    "(--train-steps 0 runs the Hadamard initialisation)")
+    arch.arch_of(model_or_config, f"llmtool quantize --method {method}")
 
 
 def config_check(cfg):
