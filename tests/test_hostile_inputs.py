@@ -136,6 +136,12 @@ CASES: dict[str, tuple[list[str], dict[str, bytes], str]] = {
                            {}, "not UTF-8"),
     "learn-program-train-0": (["learn-program", "run", "{t}/out", "--task", "parity_all", "--length", "8",
                                "--train", "0", "--proposer", "mock:parity"], {}, "--train"),
+    "grpo-loss-bogus": (["train", "grpo", "{model}", "{t}/out", "--data", "gen:sum-two:8", "--loss", "bogus"], {},
+                        "--loss 'bogus'"),
+    "grpo-loss-agg-bogus": (["train", "grpo", "{model}", "{t}/out", "--data", "gen:sum-two:8", "--loss-agg", "x"],
+                            {}, "--loss-agg 'x'"),
+    "label-majority-keep-bogus": (["train", "label-majority", "{model}", "--data", "gen:sum-two:8", "--keep", "bogus",
+                                   "-o", "{t}/rows.jsonl"], {}, "--keep 'bogus'"),
     "threads-beyond-cores": (["--threads", "1000000", "models", "list"], {}, "--threads 1000000"),
     "threads-after-command": (["evaluate", "ppl", "{model}", "--threads", "1000000"], {}, "--threads 1000000"),
     "batch-size-beyond-bound": (["evaluate", "ppl", "{model}", "--batch-size", "1000000000"], {}, "--batch-size"),
@@ -194,7 +200,8 @@ def test_value_checks_come_before_heavy_imports(tiny, tmp_path):
     fast = ["route-train-stage-bogus", "keystone-find-score-bogus", "autograder-levels-reversed",
             "threads-after-command", "batch-size-beyond-bound", "workers-beyond-cores", "judge-synth-tau-nan",
             "learn-program-train-0", "calib-samples-beyond-bound", "calib-data-unknown-name",
-            "eval-data-unknown-name", "tasks-filler-unknown-name", "route-data-unknown-domain"]
+            "eval-data-unknown-name", "tasks-filler-unknown-name", "route-data-unknown-domain",
+            "grpo-loss-bogus", "grpo-loss-agg-bogus", "label-majority-keep-bogus"]
     for case in fast:
         _setup(case, tmp_path)
     cases = {c: [a.format(t=tmp_path, model=tiny) for a in CASES[c][0]] for c in fast}

@@ -91,6 +91,9 @@ def grpo(
 
     preflight(model, out, inputs=(None if data.startswith("gen:") else data,),  # fail fast, before torch
               overwrite=overwrite)
+    from llmtool.train.grpo_choices import check_loss_choices
+
+    check_loss_choices("ratio" if no_clip and loss == "clip" else loss, loss_agg)
     import shutil
 
     from llmtool.core.console import OPTIONS, UsageError, emit, info
@@ -403,19 +406,20 @@ def label_majority(
     overwrite: Overwrite = False,
 ) -> None:
     """Add the untrained model's majority answer (mv_label) to each row (for majority-vote/incorrect rewards)."""
+    from llmtool.core.console import UsageError
     from llmtool.core.preflight import preflight
 
+    if keep not in ("all", "incorrect"):  # before the model loads
+        raise UsageError(f"--keep {keep!r}: choose all or incorrect")
     preflight(model, out, inputs=(None if data.startswith("gen:") else data,),  # fail fast, before torch
               overwrite=overwrite)
     from llmtool.core.checkpoint import atomic_file
-    from llmtool.core.console import OPTIONS, UsageError, emit
+    from llmtool.core.console import OPTIONS, emit
     from llmtool.core.lm import chat_prompt, generate
     from llmtool.core.models import check_causal_lm, load_model, load_tokenizer, resolve_model, set_seed
     from llmtool.train import rl_data
     from llmtool.train.rewards import majority_labels
 
-    if keep not in ("all", "incorrect"):
-        raise UsageError(f"--keep {keep!r}: choose all or incorrect")
     if out.exists() and not overwrite:
         raise UsageError(f"{out}: already exists (pass --overwrite to replace it)")
     rows = rl_data.load_rows(data)

@@ -59,8 +59,7 @@ from typing import Callable, Sequence
 
 import torch
 
-LOSS_TYPES = ("clip", "ratio", "pi")
-LOSS_AGGS = ("seq-mean", "token-mean", "seq-sum-norm")
+from llmtool.train.grpo_choices import LOSS_AGGS, LOSS_TYPES, check_loss_choices  # noqa: E402,F401
 
 
 # ------------------------------------------------------------------------------------ advantages
@@ -224,10 +223,7 @@ class GRPOSettings:
             raise UsageError("--temperature 0: RL rollouts must be sampled (temperature > 0)")
         if not 0 < self.top_p <= 1:
             raise UsageError(f"--top-p {self.top_p}: must be in (0, 1]")
-        if self.loss_type not in LOSS_TYPES:
-            raise UsageError(f"--loss {self.loss_type!r}: choose one of {', '.join(LOSS_TYPES)}")
-        if self.loss_agg not in LOSS_AGGS:
-            raise UsageError(f"--loss-agg {self.loss_agg!r}: choose one of {', '.join(LOSS_AGGS)}")
+        check_loss_choices(self.loss_type, self.loss_agg)
 
 
 @dataclass
