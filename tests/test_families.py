@@ -538,6 +538,15 @@ def test_broken_gemma_norms_fail_the_edit_property(family_dirs, tmp_path, monkey
         cell_memit("gemma3_text", family_dirs["gemma3_text"], tmp_path)
 
 
+@pytest.mark.parametrize("change", [dict(norm="rmsnorm"), dict(attn_out_norm=None, mlp_out_norm=None)])
+def test_broken_gemma_norms_fail_the_rotation_property(family_dirs, tmp_path, monkeypatch, change):
+    """Gemma 2 read as an `rmsnorm` family (gains w folded instead of 1 + w) or without its sandwich norms
+    (rotations fused into o_proj/down_proj rows, no online rotation): the ReSpinQuant property check fails."""
+    monkeypatch.setitem(arch.FAMILIES, "gemma2", dataclasses.replace(arch.FAMILIES["gemma2"], **change))
+    with pytest.raises(AssertionError, match="relative max error"):
+        _rotation_cell("respinquant")("gemma2", family_dirs["gemma2"], tmp_path)
+
+
 def test_broken_keystone_offset_fails_the_ablation_property(family_dirs, tmp_path, monkeypatch):
     """Phi-3 with the hooks reading k at q's offset of qkv_proj: the ablation no longer equals zeroing k's row."""
     spec = arch.FAMILIES["phi3"]
