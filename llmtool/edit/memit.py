@@ -18,6 +18,11 @@ Rs = z_l − h_l^{cur}. ``h^{cur}`` is always re-measured on the partially edite
 targets are computed before any weight of the batch changes. After each layer the remaining-
 residual ratio ‖z_L − h_L^{cur}‖_F / ‖z_L − h_L^{(0)}‖_F (over the batch) is recorded.
 
+Families with a post-feedforward norm (Gemma 2/3 sandwich norms; ``core.arch``): the down projection does not
+write the residual stream directly, so each layer's residuals Rs are first mapped to down_proj-output
+residuals through the norm's inverse (:func:`through_post_norm`, derived there). MoE layers are refused by
+name (``edit.layerio.down_proj``): their down projection is one of several experts chosen per token.
+
 ``solver='pinv'`` uses the pseudo-inverse (minimum-norm solution; needed when λ = μ = 0 and
 n < d_ff, as in the spec's exactness tests).
 """
