@@ -27,7 +27,9 @@ Roles of the block Linears (:data:`ROLES`): ``q k v o`` (attention projections) 
 read what ``q`` reads (the attention-norm output), ``up`` reads what ``gate`` reads (the MLP-norm
 output), so input statistics are gathered once per group. The *modules* of a block
 (:func:`block_linears`) are the roles' Linears, except that a fused Linear appears once under its
-fused name (``qkv``, ``gate_up``); an MoE layer's MLP has no Linears (its experts are tensors).
+fused name (``qkv``, ``gate_up``); an MoE layer's MLP contributes its experts only once they are Linears
+(``experts.E.gate_up`` / ``experts.E.down``: :func:`llmtool.core.experts.unfuse_experts` for compression,
+``quantize.modules.QuantExperts`` for quantization); the router stays a float module (:func:`router`).
 
 A method that cannot handle a layout property refuses it with :func:`refuse` (one ``error:`` line naming
 the method, the family and the property); :func:`properties` lists a config's properties, and
