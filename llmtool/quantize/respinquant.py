@@ -105,8 +105,8 @@ def training_view(model, rot: R.RotationSet, cfg: QuantConfig):
         orig_b = {role: arch.role_bias(layer, role) for role in roles}
         if moe:   # the experts (3-D) and the router read R2 / write R1[i+1], recomputed each step
             ex, router = arch.experts(layer), arch.router(layer)
-            orig.update(gate_up=getattr(ex, spec.experts.gate_up).detach(), down=getattr(ex, spec.experts.down).detach(),
-                        router=router.weight.detach())
+            orig.update(gate_up=getattr(ex, spec.experts.gate_up).detach(),
+                        down=getattr(ex, spec.experts.down).detach(), router=router.weight.detach())
             keep["experts"] = ex
             keep["router_weight"] = router.weight
             mods["experts"] = _TrainExperts(cfg, ex.act_fn, orig["gate_up"].shape[0])

@@ -259,7 +259,7 @@ def fuse(model, rot: RotationSet) -> None:
     for a, b in zip(rot64.matrices(), rot.matrices()):
         a.data.copy_(b.detach().double().to(device))
     for i, layer in enumerate(layers):
-        if arch.is_moe_layer(layer):   # experts: gate_up [E, 2I, D] ← · R2, down [E, D, I] ← R1ᵀ ·, router ← · R2
+        if arch.is_moe_layer(layer):   # gate_up [E, 2I, D] ← · R2, down [E, D, I] ← R1ᵀ ·, router ← · R2
             tensors = {r: arch.role_weight(layer, r) for r in arch.ATTENTION_ROLES}
             tensors.update(zip(("gate_up", "router"), _moe_readers(layer)), down=_moe_down(layer))
         else:
