@@ -11,7 +11,7 @@ with the load, the interleaved ratios much less. Rows:
   typer"``): the peer here is the physical floor, target < 1 s.
 * ``grpo`` -- ``train grpo``'s home loop vs TRL's ``GRPOTrainer`` (``--engine trl``,
   :mod:`llmtool.train.grpo_trl`) on the same model, prompts, group size, lengths and surrogate, each engine in
-  its own subprocess (peak RSS from ``wait4``): seconds per update (rollout + old log-probs + the update; the
+  its own subprocess (peak RSS: the child's ``VmHWM``): seconds per update (rollout + old log-probs + the update; the
   first phase is warm-up and dropped), sampled tokens per second of generation time.
 * ``quant`` -- W4A16 / W8A16 decode tokens/s and resident bytes vs the fp32 model (greedy, batch 1, KV cache),
   in one process, interleaved; the fraction of the bandwidth limit: weight bytes streamed per decoded token
@@ -216,8 +216,9 @@ def child_grpo(engine: str, a) -> dict:
             trainer.args.logging_steps = 1
             trainer.train()
     keep = phases[1:] if len(phases) > 1 else phases
+    hwm = next((int(ln.split()[1]) / 1024 for ln in open("/proc/self/status") if ln.startswith("VmHWM:")), None)
     split = {k: med([p[k] for p in keep]) for k in ("gen_seconds", "old_logp_seconds", "train_seconds") if k in keep[0]}
-    return {"engine": engine, "phases": phases, "split_seconds": split,
+    return {"engine": engine, "phases": phases, "split_seconds": split, "peak_rss_mb": hwm,
             "seconds_per_update": med([p["seconds"] for p in keep]),
             "gen_tokens_per_s": sum(p["tokens"] for p in keep) / max(sum(p["gen_seconds"] for p in keep), 1e-9),
             "mean_response_len": sum(p["tokens"] for p in keep) / (len(keep) * P * G)}
@@ -232,7 +233,9 @@ def row_grpo(args) -> list[dict]:
     for _ in range(args.repeats_grpo):
         for engine in ("home", "trl"):
             out, wall, rss = run_child(["nice", "-n", "5"] + argv + ["--_child", f"grpo-{engine}"], timeout=600)
-            out.update(wall=wall, rss_mb=rss)
+            # the child's own high-water mark (VmHWM, reset by exec); wait4's ru_maxrss also counts the
+            # parent's RSS at fork time on Linux, which is large after the quant row
+            out.update(wall=wall, rss_mb=out["peak_rss_mb"] if out.get("peak_rss_mb") else rss)
             res[engine].append(out)
             print(engine, {k: out[k] for k in ("seconds_per_update", "gen_tokens_per_s", "rss_mb", "wall")}, flush=True)
     la = load()
