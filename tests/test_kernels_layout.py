@@ -46,3 +46,20 @@ def test_pyproject_lists_every_package_folder_and_maps_kernels():
                if d.is_dir() and "__pycache__" not in d.parts}
     on_disk |= {"llmtool", "llmtool.kernels"}
     assert on_disk == listed, (sorted(on_disk - listed), sorted(listed - on_disk))
+
+
+def test_package_data_covers_every_data_file():
+    """Every non-Python file under llmtool/ (packaged examples, edit requests, HiBayES grades) matches a
+    package-data glob, so a regular install ships it (it silently left them out before)."""
+    import fnmatch
+
+    tomllib = pytest.importorskip("tomllib")
+    data = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["package-data"]
+    missing = []
+    for f in (ROOT / "llmtool").rglob("*"):
+        if not f.is_file() or f.suffix in (".py", ".pyc") or "__pycache__" in f.parts:
+            continue
+        pkg = ".".join(f.parent.relative_to(ROOT).parts)
+        if not any(fnmatch.fnmatch(f.name, g) for g in data.get(pkg, ())):
+            missing.append(str(f.relative_to(ROOT)))
+    assert not missing, missing
