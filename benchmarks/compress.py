@@ -60,10 +60,11 @@ def main() -> None:
 
     tok = load_tokenizer(args.model)
     ids = data_mod.tokenize(tok, data_mod.load_text(args.eval_data))
+    bos = data_mod.scoring_bos(tok)  # Gemma's windows start with its BOS (core/evalkit.py)
 
     def ppl(path) -> float:
         m = llmtool.load(path)
-        return perplexity(m, ids, seqlen=args.seqlen, max_tokens=args.eval_tokens).ppl
+        return perplexity(m, ids, seqlen=args.seqlen, max_tokens=args.eval_tokens, bos_token_id=bos).ppl
 
     from llmtool.core.models import resolve_model
     from llmtool.core.checkpoint import dir_size_bytes
@@ -71,7 +72,7 @@ def main() -> None:
     src = resolve_model(args.model)
     base = llmtool.load(src)
     rows = [{"ratio": 0.0, "method": "original", "ppl": perplexity(base, ids, seqlen=args.seqlen,
-                                                                   max_tokens=args.eval_tokens).ppl,
+                                                                   max_tokens=args.eval_tokens, bos_token_id=bos).ppl,
              "params": param_count(base), "disk_MB": dir_size_bytes(src) / 1e6, "seconds": 0.0, "peak_rss_MB": None,
              "achieved_ratio": 0.0, "dense_modules": None}]
     del base

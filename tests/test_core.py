@@ -105,6 +105,41 @@ def test_perplexity_matches_reference(seqlen, stride):
     assert r.ppl == pytest.approx(math.exp(nll), rel=1e-5)
 
 
+def test_perplexity_with_bos_scores_every_token_after_a_bos_column():
+    """With ``bos_token_id`` each disjoint window is [BOS] + window and all its tokens are scored (the BOS is
+    never scored), equal to a direct per-window computation."""
+    model = build_tiny_llama(100, seed=1)
+    ids = torch.randint(1, 100, (40,), generator=torch.Generator().manual_seed(0))
+    r = evalkit.perplexity(model, ids, seqlen=16, max_tokens=None, batch_size=2, bos_token_id=0)
+    total, count = 0.0, 0
+    for b in range(0, 40, 16):
+        x = torch.cat([torch.tensor([0]), ids[b:b + 16]])
+        with torch.no_grad():
+            logp = torch.log_softmax(model(input_ids=x[None]).logits[0].double(), -1)
+        total -= logp[torch.arange(x.numel() - 1), x[1:]].sum().item()
+        count += x.numel() - 1
+    assert r.tokens == count == 40
+    assert r.nll == pytest.approx(total / count, rel=1e-5)
+    plain = evalkit.perplexity(model, ids, seqlen=16, max_tokens=None, batch_size=2)
+    assert plain.tokens == 40 - 3  # without it, each window's first token has no context and is not scored
+
+
+def test_scoring_bos_only_for_tokenizers_that_add_one(tiny_tokenizer):
+    class Adds:
+        bos_token_id = 7
+
+        def __call__(self, text, add_special_tokens=True, return_attention_mask=False):
+            return {"input_ids": ([7] if add_special_tokens else []) + [1]}
+
+    class Declares(Adds):  # has a BOS token but does not add it (SmolLM2, Qwen2.5)
+        def __call__(self, text, add_special_tokens=True, return_attention_mask=False):
+            return {"input_ids": [1]}
+
+    assert data.scoring_bos(Adds()) == 7
+    assert data.scoring_bos(Declares()) is None
+    assert data.scoring_bos(tiny_tokenizer) in (None, tiny_tokenizer.bos_token_id)
+
+
 def test_read_jsonl_errors_name_the_line(tmp_path):
     p = tmp_path / "x.jsonl"
     p.write_text('{"text": "a"}\n{"text": \n')

@@ -111,6 +111,16 @@ def read_table(path: str | Path, required: Sequence[str] = ()) -> list[dict]:
 TOKENIZE_CHUNK_CHARS = 200_000
 
 
+def scoring_bos(tokenizer) -> int | None:
+    """The BOS id a perplexity window must start with: the tokenizer's ``bos_token_id`` when encoding a text
+    with special tokens puts it first (Gemma, Llama 2/3), else None (SmolLM2 and Qwen2.5 add none)."""
+    bos = getattr(tokenizer, "bos_token_id", None)
+    if bos is None:
+        return None
+    ids = tokenizer("a", add_special_tokens=True, return_attention_mask=False)["input_ids"]
+    return int(bos) if ids and ids[0] == bos else None
+
+
 def _encode(tokenizer, text: str) -> list[int]:
     return tokenizer(text, add_special_tokens=False, return_attention_mask=False)["input_ids"]
 

@@ -16,7 +16,7 @@ def _ppl(model, tokenizer, options):
 
     ids = data_mod.tokenize(tokenizer, data_mod.load_text(options.data))
     return perplexity(model, ids, seqlen=options.seqlen, stride=options.seqlen, max_tokens=options.max_tokens,
-                      batch_size=options.batch_size)
+                      batch_size=options.batch_size, bos_token_id=data_mod.scoring_bos(tokenizer))
 
 
 def ppl(model, tokenizer, options) -> dict:

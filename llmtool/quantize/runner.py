@@ -73,8 +73,9 @@ def run_quantize(model, out: Path, cfg, calib_data: str, calib_samples: int, cal
             if needs_calib else None
         metrics: dict = j.report
         ids = data_mod.tokenize(tok, data_mod.load_text(eval_data)) if evaluate else None
+        bos = data_mod.scoring_bos(tok)
         if evaluate:
-            metrics["ppl_fp"] = perplexity(m, ids, seqlen=seqlen, max_tokens=max_tokens).ppl
+            metrics["ppl_fp"] = perplexity(m, ids, seqlen=seqlen, max_tokens=max_tokens, bos_token_id=bos).ppl
         from llmtool.quantize.api import quantize_
 
         info(f"quantize: {method} W{cfg.w_bits}A{cfg.a_bits}KV{cfg.kv_bits}")
@@ -83,7 +84,7 @@ def run_quantize(model, out: Path, cfg, calib_data: str, calib_samples: int, cal
         rot = report.pop("rotations", None)
         metrics["quantize_seconds"] = t["seconds"]
         if evaluate:
-            metrics["ppl_quant"] = perplexity(m, ids, seqlen=seqlen, max_tokens=max_tokens).ppl
+            metrics["ppl_quant"] = perplexity(m, ids, seqlen=seqlen, max_tokens=max_tokens, bos_token_id=bos).ppl
         rank_used = getattr(cfg, "rank", None) if rot is not None else None
         block = quant_block(cfg, rotated=rot is not None, rank=rank_used, model_config=m.config)
         save_quantized(m, j.dir, src, block)
