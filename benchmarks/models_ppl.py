@@ -11,8 +11,10 @@ set), written to one file so every model reads exactly the same characters. The 
 
 Two protocols, both on disjoint windows of --seqlen tokens:
 * ``cli``: `llmtool --json evaluate ppl MODEL --data TEXT --seqlen S --max-tokens 1048576` run as a subprocess,
-  exactly as a user would. No special token is added; the first token of each window is context only, so
-  bits per byte is estimated as mean NLL x (scored + windows) tokens (every token's mean cost).
+  exactly as a user would. For a tokenizer that adds no BOS (SmolLM2, Qwen2.5) the first token of each window
+  is context only, so bits per byte is estimated as mean NLL x (scored + windows) tokens (every token's mean
+  cost); for one that adds a BOS (Gemma) `evaluate ppl` starts each window with it and scores every token
+  (its output says `"bos": true`), so bits per byte is exact.
 * ``bos``: each window is the tokenizer's BOS followed by S-1 text tokens and every text token is scored
   (the first one given BOS alone), for models whose tokenizer adds a BOS to plain text (Gemma's does; a
   Gemma model without its `<bos>` attention sink is far worse: see the table). Exact bits per byte.
@@ -100,7 +102,8 @@ def main() -> None:
         for alias in a.models:
             spec = defaults.MODELS[alias]
             r = cli_ppl(alias, text_file, a.seqlen, a.threads)
-            n_text = r["tokens"] + r["windows"]  # the first token of every window is context only
+            # without a BOS the first token of every window is context only; with one every token is scored
+            n_text = r["tokens"] if r.get("bos") else r["tokens"] + r["windows"]
             bpb = r["nll"] * n_text / math.log(2) / nbytes
             runs[alias] = {"cli": r}
             rows.append({"model": alias, "family": spec.expect[0] if spec.expect else "", "protocol": "cli",

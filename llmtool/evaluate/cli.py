@@ -72,10 +72,11 @@ def ppl(
     if ids.numel() < 2:  # before the model is loaded: fail fast
         raise UsageError(f"{data}: {ids.numel()} token(s) of text; perplexity needs at least 2")
     m = load_model(model)
+    bos = data_mod.scoring_bos(tok)
     r = perplexity(m, ids, seqlen=seqlen, stride=stride or seqlen, max_tokens=max_tokens, batch_size=batch_size,
-                   bos_token_id=data_mod.scoring_bos(tok))
+                   bos_token_id=bos)
     emit({"model": str(model), "data": data, "ppl": r.ppl, "nll": r.nll, "tokens": r.tokens,
-          "windows": r.windows, "seqlen": r.seqlen, "stride": r.stride, "dtype": OPTIONS.dtype})
+          "windows": r.windows, "seqlen": r.seqlen, "stride": r.stride, "bos": bos is not None, "dtype": OPTIONS.dtype})
 
 
 @app.command("tasks")
