@@ -132,7 +132,7 @@ def write(a, rows: list[dict], runs: dict, nbytes: int) -> None:
     md = [f"# Packaged models: perplexity on the first {a.chars:,} characters of austen-test", "",
           f"`{meta['command']}`; disjoint windows of {a.seqlen} tokens; {meta['weights']}.", "",
           "Per-token perplexity depends on the tokenizer; bits per byte compares the models. `cli` = "
-          "`llmtool evaluate ppl` (no special tokens); `bos` = each window starts with the tokenizer's BOS.", "",
+          "`llmtool evaluate ppl` (a BOS first in each window only where the tokenizer adds one: Gemma); `bos` = each window starts with the tokenizer's BOS.", "",
           markdown_table(rows), ""]
     if len(runs) < len(a.models):
         md.append(f"Partial run: {len(runs)} of {len(a.models)} models ({', '.join(a.models[len(runs):])} not yet).\n")
