@@ -40,7 +40,9 @@ demo: setup
 test: setup-all
 	$(PY) -m pytest -q -x --durations=15
 
+# test-slow also installs the `serve` extra: the openai: paths are tested against a real `transformers serve`.
 test-slow: setup-all
+	$(PIP) install -q -e '.[serve]'
 	$(PY) -m pytest -q -m slow
 
 bench: bench-compress bench-quantize bench-kvcache bench-evaluate bench-evade bench-edit \
