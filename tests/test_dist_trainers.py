@@ -9,8 +9,9 @@ pretrain/sft runs agree bit for bit). The clipper test runs one MLP through AdaG
 (``fully_shard`` on a CPU mesh) and checks the same clip decisions, references and parameters as 1 process,
 including a NaN step that is skipped on every rank with gamma finite and no parameter moved.
 
-Each 2-process run costs 20-40 s of wall time on a 2-core machine (two interpreters importing torch and
-transformers), so the entry points beyond ``train pretrain`` and the clipper are marked slow.
+Each 2-process run costs 10-30 s of wall time on an idle 2-core machine (two interpreters importing torch and
+transformers; the whole file about 2 minutes). All of them run in ``make test``: issue 41 asks that every entry
+point's 2-process test pass in CI.
 """
 from __future__ import annotations
 
@@ -206,7 +207,6 @@ def test_train_pretrain_two_processes_equal_one_with_doubled_accumulation(tmp_pa
     assert rep["steps"] == 4 and rep["clipper_step"] == 4
 
 
-@pytest.mark.slow
 def test_train_pretrain_two_process_resume_equals_the_uninterrupted_run(tmp_path, tiny_dir):
     """Resume under 2 processes from a checkpoint written by 2 processes (per-rank RNG files in one folder, the
     clipper state read by every rank): the same weights and metrics as the run that was never interrupted."""
@@ -220,7 +220,6 @@ def test_train_pretrain_two_process_resume_equals_the_uninterrupted_run(tmp_path
     assert (tmp_path / "full" / "metrics.jsonl").read_text() == (tmp_path / "res" / "metrics.jsonl").read_text()
 
 
-@pytest.mark.slow
 def test_train_sft_two_processes(tmp_path, tiny_dir):
     data = tmp_path / "d.jsonl"
     data.write_text("".join(json.dumps({"prompt": f"Q{i}: ", "completion": " The capital of France is Paris."}) + "\n"
@@ -250,7 +249,6 @@ def _route_data(tmp_path: Path) -> Path:
     return data
 
 
-@pytest.mark.slow
 def test_route_make_experts_and_train_two_processes(tmp_path):
     """route has no --grad-accum: the 1-process reference uses a doubled --batch-size (the same sequences per
     update; per-batch mean losses, so the test data gives every rank the same number of target tokens)."""
@@ -270,7 +268,6 @@ def test_route_make_experts_and_train_two_processes(tmp_path):
     _assert_same(_params(tmp_path / "router1"), _params(tmp_path / "router2"))
 
 
-@pytest.mark.slow
 def test_select_data_mix_proxies_two_processes(tmp_path, tiny_dir):
     """DoReMi's proxies: every rank draws the same global batch and trains on its slice; 1 process with
     --per-domain doubled sees the same sequences."""
@@ -295,7 +292,6 @@ def test_select_data_mix_proxies_two_processes(tmp_path, tiny_dir):
     assert docs[1]["proxy_val"] == pytest.approx(docs[2]["proxy_val"], abs=ATOL)
 
 
-@pytest.mark.slow
 def test_edit_keystone_finetune_two_processes(tmp_path, tiny_dir):
     ks = tmp_path / "keystone.json"
     _run(tmp_path, ["edit", "keystone", "find", tiny_dir, "--out", ks, "--top", "20"])
