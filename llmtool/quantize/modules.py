@@ -32,6 +32,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from llmtool.core.experts import LinearExperts
 from llmtool.kernels._dispatch import use_triton
 from llmtool.kernels.hadamard import hadamard_transform
 from llmtool.kernels.intpack import pack, packed_width, unpack
@@ -228,7 +229,7 @@ class QuantLinear(nn.Module):
                 f"online_hadamard={self.online_hadamard}")
 
 
-class QuantExperts(nn.Module):
+class QuantExperts(LinearExperts):
     """The routed experts of an MoE block (Qwen3-MoE, Mixtral) as per-expert :class:`QuantLinear` pairs.
 
     transformers 5 keeps experts as 3-D tensors (``gate_up_proj [E, 2I, D]``: gate rows then up rows;
@@ -236,11 +237,12 @@ class QuantExperts(nn.Module):
     top_k_weights [T, k])``; this module is called the same way and computes the same sum
     ``Σ_k w_k · down_e(act(gate_e(x)) · up_e(x))`` over the chosen experts, each expert's matrices being
     ordinary block Linears for the quantizers (RTN per expert; GPTQ Hessians from the tokens routed to it;
-    online Hadamard on each down input when rotated). The router stays in float."""
+    online Hadamard on each down input when rotated). The router stays in float. The routed sum and the
+    per-expert listing are :class:`llmtool.core.experts.LinearExperts`'s; only the Linears differ."""
 
     def __init__(self, n: int, hidden: int, inter: int, act_fn, online_hadamard: bool = False,
                  dtype=torch.float32, **quant):
-        super().__init__()
+        nn.Module.__init__(self)  # LinearExperts' own __init__ would build float Linears first
         self.num_experts, self.act_fn = n, act_fn
         self.gate_up = nn.ModuleList(QuantLinear(hidden, 2 * inter, dtype=dtype, **quant) for _ in range(n))
         self.down = nn.ModuleList(QuantLinear(inter, hidden, online_hadamard=online_hadamard, dtype=dtype, **quant)
@@ -255,24 +257,6 @@ class QuantExperts(nn.Module):
                 q.gate_up[e].weight.copy_(gate_up[e].detach())
                 q.down[e].weight.copy_(down[e].detach())
         return q.to(gate_up.device)
-
-    def linears(self) -> dict[str, QuantLinear]:
-        out = {}
-        for e in range(self.num_experts):
-            out[f"experts.{e}.gate_up"] = self.gate_up[e]
-            out[f"experts.{e}.down"] = self.down[e]
-        return out
-
-    def forward(self, hidden_states: torch.Tensor, top_k_index: torch.Tensor, top_k_weights: torch.Tensor):
-        out = torch.zeros_like(hidden_states)
-        for e in range(self.num_experts):
-            tok, pos = torch.where(top_k_index == e)
-            if tok.numel() == 0:
-                continue
-            gate, up = self.gate_up[e](hidden_states[tok]).chunk(2, dim=-1)
-            y = self.down[e](self.act_fn(gate) * up) * top_k_weights[tok, pos, None]
-            out.index_add_(0, tok, y.to(out.dtype))
-        return out
 
 
 def resident_bytes(model: nn.Module) -> int:
