@@ -323,9 +323,12 @@ def test_fault_parsing():
         Faults.parse(lr_spikes=["20:-1"])
 
 
-def test_deepspeed_zero2_refused():
-    refuse_deepspeed_zero(type("A", (), {"deepspeed": {"zero_optimization": {"stage": 1}}})())
-    with pytest.raises(UsageError, match="ZeRO stage 2"):
+def test_deepspeed_refused_at_every_stage_for_the_grpo_clippers():
+    """ZeRO-2/3 shard the gradients; ZeRO-0/1 step inside accelerate's backward, before the clipper runs."""
+    refuse_deepspeed_zero(type("A", (), {})())  # no DeepSpeed: nothing to refuse
+    with pytest.raises(UsageError, match="ZeRO stage 1 steps the optimizer inside backward"):
+        refuse_deepspeed_zero(type("A", (), {"deepspeed": {"zero_optimization": {"stage": 1}}})())
+    with pytest.raises(UsageError, match="ZeRO stage 2 shards the gradients"):
         refuse_deepspeed_zero(type("A", (), {"deepspeed": {"zero_optimization": {"stage": 2}}})())
 
 

@@ -285,7 +285,12 @@ def attach_to_optimizer(optimizer, clipper, on_stats=None):
 
 
 def refuse_deepspeed_zero(accelerator_or_args) -> None:
-    """DeepSpeed ZeRO >= 2 shards gradients so no rank sees a whole tensor's gradient: refuse."""
+    """Refuse DeepSpeed at any ZeRO stage for the per-tensor clippers (the home GRPO loop's ``--grad-clip``).
+
+    ZeRO >= 2 shards the gradients, so no rank sees a whole tensor; under accelerate ZeRO-0/1 step the optimizer
+    inside ``accelerator.backward`` (``DeepSpeedEngineWrapper.backward`` calls ``engine.step()``), so a clipper
+    called before ``optimizer.step()`` would act after the update it is meant to shape (the same reason
+    :func:`llmtool.train.pretrain.check_distributed` refuses DeepSpeed for `train pretrain|sft --clip`)."""
     stage = None
     ds = getattr(accelerator_or_args, "deepspeed", None)
     plugin = getattr(getattr(accelerator_or_args, "state", None), "deepspeed_plugin", None)
@@ -304,6 +309,11 @@ def refuse_deepspeed_zero(accelerator_or_args) -> None:
     hf = getattr(accelerator_or_args, "hf_deepspeed_config", None)
     if stage is None and hf is not None:
         stage = getattr(hf, "config", {}).get("zero_optimization", {}).get("stage")
+    if stage is None and plugin is None and not ds and hf is None:
+        return
     if stage is not None and int(stage) >= 2:
-        raise UsageError(f"--clip adagc/local-fixed needs whole per-tensor gradients; DeepSpeed ZeRO stage "
-                         f"{stage} shards them. Use ZeRO stage 0/1, DDP or FSDP2.")
+        why = "shards the gradients, so no rank sees a whole tensor"
+    else:
+        why = "steps the optimizer inside backward under accelerate, before the clipper can run"
+    raise UsageError(f"--clip adagc/local-fixed does not run under DeepSpeed (ZeRO stage {stage if stage is not None else '?'} "
+                     f"{why}); launch with an FSDP2 or DDP accelerate config (examples/accelerate/fsdp2.yaml, ddp.yaml)")
