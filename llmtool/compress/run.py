@@ -24,7 +24,6 @@ def check_config(src, config: dict) -> None:
     if "llmtool_quant" in config:
         raise UsageError(f"{src}: a quantized checkpoint of `llmtool quantize`; compress needs full-precision "
                          "weights (compress the original model instead)")
-    from llmtool.core import arch
 
 
 

@@ -31,7 +31,7 @@ import os
 import platform
 import shutil
 import sys
-from typing import Annotated, Any
+from typing import Any
 
 import typer
 
