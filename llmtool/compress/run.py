@@ -26,7 +26,6 @@ def check_config(src, config: dict) -> None:
                          "weights (compress the original model instead)")
 
 
-
 def compress(model_arg: str, out: Path, cfg: CompressConfig, overwrite: bool = False,
              dtype=None, device=None, stream: bool = False) -> dict:
     """Compress MODEL into OUT inside the shared job wrapper; returns the report (also OUT/report.json).
