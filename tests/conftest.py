@@ -82,6 +82,20 @@ def _isolated_home(tmp_path, monkeypatch):
     OPTIONS.json, OPTIONS.device, OPTIONS.dtype, OPTIONS.seed, OPTIONS.quiet = False, "cpu", "float32", 0, False
 
 
+def write_route_rows(path: Path) -> Path:
+    """Eight rows of two disjoint toy domains (math "France … is Paris.", reverse "Italy … is Rome.") for the
+    `route` commands; written as JSONL to ``path``."""
+    import json
+
+    rows = []
+    for d, marker in ((0, "France"), (1, "Italy")):
+        for i, w in enumerate(["capital", "truth", "fortune", "wife"]):
+            rows.append({"id": f"{d}-{i}", "domain": ["math", "reverse"][d], "prompt": f"{marker} {w}",
+                         "response": " is Paris." if d == 0 else " is Rome.", "answer": "1" if d == 0 else "emor"})
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
 def run_cli(*args: str):
     """Run the CLI in-process; returns (exit_code, stdout, stderr)."""
     from typer.testing import CliRunner

@@ -24,7 +24,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from conftest import TINY_TEXT, save_tiny
+from conftest import TINY_TEXT, save_tiny, write_route_rows
 
 ATOL = 1e-5
 WORKER = r'''"""Worker of tests/test_dist_trainers.py: AdaGC on a small MLP, one process or two (DDP / FSDP2, gloo)."""
@@ -238,22 +238,11 @@ def test_train_sft_two_processes(tmp_path, tiny_dir):
     _assert_same(_params(tmp_path / "one" / "model"), _params(tmp_path / "two" / "model"))
 
 
-def _route_data(tmp_path: Path) -> Path:
-    rows = []
-    for d, marker in ((0, "France"), (1, "Italy")):
-        for i, w in enumerate(["capital", "truth", "fortune", "wife"]):
-            rows.append({"id": f"{d}-{i}", "domain": ["math", "reverse"][d], "prompt": f"{marker} {w}",
-                         "response": " is Paris." if d == 0 else " is Rome.", "answer": "1" if d == 0 else "emor"})
-    data = tmp_path / "route.jsonl"
-    data.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    return data
-
-
 def test_route_make_experts_and_train_two_processes(tmp_path):
     """route has no --grad-accum: the 1-process reference uses a doubled --batch-size (the same sequences per
     update; per-batch mean losses, so the test data gives every rank the same number of target tokens)."""
     base = save_tiny(tmp_path / "base", seed=0, tie_word_embeddings=False)
-    data = _route_data(tmp_path)
+    data = write_route_rows(tmp_path / "route.jsonl")
     for n, bs in ((1, 4), (2, 2)):
         _run(tmp_path, ["route", "make-experts", base, tmp_path / f"experts{n}", "--data", data, "--max-steps", "2",
                         "--batch-size", bs, "--template", "raw", "--lr", "1e-3"], nproc=n)

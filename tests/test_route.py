@@ -8,7 +8,7 @@ import math
 import pytest
 import torch
 
-from conftest import build_tiny_llama, build_tokenizer, run_cli, save_tiny
+from conftest import build_tiny_llama, build_tokenizer, run_cli, save_tiny, write_route_rows
 
 
 @pytest.fixture(autouse=True)
@@ -325,13 +325,7 @@ def test_token_select_prefers_confident_expert(tok):
 def cli_setup(tmp_path_factory):
     root = tmp_path_factory.mktemp("route")
     base = save_tiny(root / "base", seed=0, tie_word_embeddings=False)
-    rows = []
-    for d, marker in ((0, "France"), (1, "Italy")):
-        for i, w in enumerate(["capital", "truth", "fortune", "wife"]):
-            rows.append({"id": f"{d}-{i}", "domain": ["math", "reverse"][d], "prompt": f"{marker} {w}",
-                         "response": " is Paris." if d == 0 else " is Rome.", "answer": "1" if d == 0 else "emor"})
-    data = root / "train.jsonl"
-    data.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    data = write_route_rows(root / "train.jsonl")
     code, out, err = run_cli("route", "make-experts", str(base), str(root / "experts"), "--data", str(data),
                              "--max-steps", "2", "--batch-size", "4", "--template", "raw")
     assert code == 0, err + out
