@@ -505,10 +505,12 @@ def test_same_seed_same_transcript():
 
 @pytest.mark.parametrize("env_name", ["grid", "seq", "bio"])
 def test_uh_oracle_scores_100_and_random_at_most_40(env_name, tmp_path):
-    ev = run_uh(env_name, UHScript("oracle", 0), tmp_path / "o", steps=6, seed=0, policy="crnr", window=10)
+    ev = run_uh(env_name, UHScript("oracle", 0), tmp_path / "o", steps=6, seed=0, policy="crnr", window=10,
+                report="menu")
     assert ev["judge_result"]["final_score"] == 100 and ev["committed"] and ev["env_actions"] == 6
     assert ev["stats"]["refreshes"] >= 1
-    evs = [run_uh(env_name, UHScript("random", s), tmp_path / f"r{s}", steps=6, seed=s) for s in range(8)]
+    evs = [run_uh(env_name, UHScript("random", s), tmp_path / f"r{s}", steps=6, seed=s, report="menu")
+           for s in range(8)]
     assert score_runs(evs)["score"]["mean"] <= 40
     for f in ("trajectory.jsonl", "notes.txt", "commit.txt", "eval_output.json", "env_truth.json"):
         assert (tmp_path / "o" / f).is_file()
@@ -540,7 +542,7 @@ def test_tool_schemas_from_signatures():
 
 def test_cli_uh_run_and_score(tmp_path):
     code, out, err = run_cli("bench-agent", "uh-run", "script:oracle", tmp_path / "u", "--env", "seq", "--steps", "4",
-                             "--runs", "3", "--context", "sliding", "--window", "6", "--json")
+                             "--runs", "3", "--context", "sliding", "--window", "6", "--report", "menu", "--json")
     assert code == 0, err
     s = json.loads(out)
     assert s["score"]["mean"] == 100 and s["runs"] == 3
@@ -577,7 +579,7 @@ def test_context_overflow_ends_the_episode_as_a_failure(tiny_llama_dir, tmp_path
     rec = run_episode(make_env("grid-nav"), Overflowing(), "none", 0, 0, 5)
     assert rec["overflow"] == "too long" and not rec["success"] and rec["rounds"] == 0
     agent = HFAgent(str(tiny_llama_dir), max_new_tokens=8)          # 512-token window, long UH prompt
-    ev = run_uh("grid", agent, tmp_path / "u", steps=3, seed=0, policy="full")
+    ev = run_uh("grid", agent, tmp_path / "u", steps=3, seed=0, policy="full", report="menu")
     assert ev["stats"]["overflow"] and not ev["committed"] and ev["judge_result"]["final_score"] == 0
 
 
@@ -587,7 +589,7 @@ def test_cli_uh_run_hf_agent_and_entropy(tmp_path):
     model = save_tiny(tmp_path / "tiny-long", max_position_embeddings=8192)    # the UH prompt is long
     code, out, err = run_cli("bench-agent", "uh-run", f"hf:{model}", tmp_path / "u", "--env", "seq",
                              "--steps", "1", "--runs", "1", "--context", "crnr", "--window", "3",
-                             "--max-new-tokens", "4", "--json")
+                             "--max-new-tokens", "4", "--report", "menu", "--json")
     assert code == 0, err
     s = json.loads(out)
     assert s["runs"] == 1 and s["score"]["mean"] == 0            # a random tiny model never commits
@@ -608,7 +610,7 @@ def test_cli_uh_runs_are_independent_samples(tmp_path):
     def replies(out):
         code, _, err = run_cli("bench-agent", "uh-run", f"hf:{model}", out, "--env", "seq", "--steps", "1",
                                "--runs", "2", "--context", "crnr", "--window", "3", "--max-new-tokens", "6",
-                               "--temperature", "1.0", "--json")
+                               "--temperature", "1.0", "--report", "menu", "--json")
         assert code == 0, err
         return [[json.loads(line).get("content") for line in (out / f"run-{i:03d}" / "trajectory.jsonl").read_text()
                  .splitlines() if json.loads(line).get("role") == "assistant"] for i in range(2)]

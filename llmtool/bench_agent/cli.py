@@ -24,7 +24,8 @@ app = typer.Typer(no_args_is_help=True, help="Agent benchmarks: PIPE interface r
 MODES = ("none", "synonym", "obfuscate", "dual-ori-first", "dual-syn-first")
 AgentArg = Annotated[str, typer.Argument(
     help="The agent: hf:DIR|alias (in-process transformers; a bare alias/dir also works), "
-         "openai:URL#MODEL (OpenAI-compatible server, key from $LLMTOOL_API_KEY) or script:oracle|random.",
+         "openai:URL#MODEL (OpenAI-compatible server, key from $LLMTOOL_API_KEY) or script:oracle|random "
+         "(uh-run also script:infer).",
     metavar="MODEL")]
 Concurrency = Annotated[int, typer.Option("--concurrency", min=1, help="Episodes in flight: threads for openai:/script:, "
                                           "lockstep batched generation for hf: (throughput only).")]
@@ -339,7 +340,11 @@ def uh_run_cmd(
     context: Annotated[str, typer.Option("--context", help="Context policy: full, sliding or crnr.")] = "crnr",
     window: Annotated[int, typer.Option("--window", min=2, help="Messages kept (sliding) / refresh threshold (crnr).")] = 200,
     free: Annotated[bool, typer.Option("--free", help="Lift the commit/step gating.")] = False,
-    judge: Annotated[str, typer.Option("--judge", help="rule (structured JSON commit) or openai:URL#MODEL (LLM judge).")] = "rule",
+    report: Annotated[str, typer.Option("--report", help="free: a written report, no rule named in the prompt, LLM "
+                                        "judge (the paper's protocol); menu: the easier variant (closed menu of rule "
+                                        "IDs, JSON commit, rule judge).")] = "free",
+    judge: Annotated[str, typer.Option("--judge", help="openai:URL#MODEL or hf:MODEL (LLM judge; required by --report "
+                                       "free), or rule (--report menu; its default).")] = "",
     protocol: Annotated[str, typer.Option("--protocol", help="text (tool calls in the reply text) or tools "
                                           "(native function calling for openai:).")] = "text",
     concurrency: Concurrency = 1,
@@ -354,7 +359,7 @@ def uh_run_cmd(
     from concurrent.futures import ThreadPoolExecutor
 
     from llmtool.bench_agent.uh import UH_ENVS
-    from llmtool.bench_agent.uhrun import POLICIES, UHScript, run_uh, score_runs
+    from llmtool.bench_agent.uhrun import POLICIES, UHScript, make_judge, run_uh, score_runs
     from llmtool.core.job import job
 
     UH_ENVS.get(env)
@@ -364,19 +369,10 @@ def uh_run_cmd(
         raise UsageError(f"--context {context!r}: choose one of {', '.join(POLICIES)}")
     if protocol not in ("text", "tools"):
         raise UsageError(f"--protocol {protocol!r}: choose text or tools")
-    judge_ep = None
-    if judge != "rule":
-        if not judge.startswith("openai:") or "#" not in judge:
-            raise UsageError(f"--judge {judge!r}: rule or openai:URL#MODEL")
-        import os
-
-        from llmtool.core.endpoint import OpenAIEndpoint
-
-        url, name = judge[len("openai:"):].split("#", 1)
-        judge_ep = OpenAIEndpoint(url, name, api_key=os.environ.get("LLMTOOL_API_KEY"), timeout=300)
-        judge_ep.check()
+    judge_ep = make_judge(judge, report)
     config = {"command": "bench-agent uh-run", "model": model, "env": env, "difficulty": difficulty, "steps": steps,
-              "runs": runs, "context": context, "window": window, "free": free, "judge": judge,
+              "runs": runs, "context": context, "window": window, "free": free, "report": report,
+              "judge": judge or "rule",
               "seed": OPTIONS.seed, "max_new_tokens": max_new_tokens, "temperature": temperature, "protocol": protocol}
     from llmtool.core.checkpoint import check_output
 
@@ -410,7 +406,7 @@ def uh_run_cmd(
             d = part / f"run-{i:03d}"
             shutil.rmtree(d, ignore_errors=True)
             ev = run_uh(env, agents[i], d, difficulty=difficulty, steps=steps, seed=seeds[i], free=free,
-                        policy=context, window=window, judge=judge_ep)
+                        policy=context, window=window, judge=judge_ep, report=report)
             evals[i] = ev
             sc = [e["judge_result"].get("final_score") for e in evals.values()]
             sc = [s for s in sc if s is not None]
@@ -481,17 +477,22 @@ def uh_play_cmd(
     steps: Annotated[int, typer.Option("--steps", min=1, help="Horizon R.")] = 20,
     difficulty: Annotated[str, typer.Option("--difficulty", help="easy, medium or hard.")] = "hard",
     free: Annotated[bool, typer.Option("--free", help="Lift the commit/step gating.")] = False,
+    report: Annotated[str, typer.Option("--report", help="free (written report, LLM judge) or menu (closed menu, "
+                                        "rule judge).")] = "free",
+    judge: Annotated[str, typer.Option("--judge", help="openai:URL#MODEL or hf:MODEL; rule for --report menu.")] = "",
 ) -> None:
     """Play an UltraHorizon environment in the terminal: type `TOOL {json arguments}` per line
     (e.g. `move {"direction": "up"}`), `tools` to list them, `quit` to stop; the commit is scored
-    with the rule judge."""
+    with the LLM judge (--report free) or the rule judge (--report menu)."""
     import sys
 
-    from llmtool.bench_agent.uh import make_uh_env, rule_judge
+    from llmtool.bench_agent.uh import make_uh_env
+    from llmtool.bench_agent.uhrun import make_judge, score_commit
 
     if difficulty not in ("easy", "medium", "hard"):
         raise UsageError(f"--difficulty {difficulty!r}: choose easy, medium or hard")
-    e = make_uh_env(env, difficulty=difficulty, steps=steps, seed=OPTIONS.seed, free=free)
+    judge_ep = make_judge(judge, report)
+    e = make_uh_env(env, difficulty=difficulty, steps=steps, seed=OPTIONS.seed, free=free, report=report)
     print(e.prompt())
     print("tools: " + ", ".join(e.tool_names()))
     for line in sys.stdin:
@@ -516,7 +517,7 @@ def uh_play_cmd(
         print(e.call(name, args), flush=True)
         if e.committed is not None:
             break
-    res = rule_judge(e, e.committed)
+    res = score_commit(e, e.committed, judge_ep)
     emit({"committed": e.committed is not None, "actions": e.used, **res},
          rows=[{"committed": e.committed is not None, "actions": e.used, "score": res["final_score"]}])
 

@@ -9,7 +9,15 @@ consuming actions are refused after R, and only one commit is accepted. All rand
 per-environment ``random.Random(seed)``; the ground truth is :meth:`UHEnv.truth` (``env_truth.json``,
 never shown to the agent).
 
-Rule judge [R]: the commit is a JSON object (free text around it is ignored) —
+Report protocols (issue 42): ``report="free"`` (the default, the paper's protocol) never names a rule:
+the prompt asks for a written report in the agent's own words and an LLM judge scores it against the
+ground truth (its text descriptions included). ``report="menu"`` is the **easier variant (closed
+menu)**: the prompt lists every candidate rule ID (grid, seq) or the report keys (bio), so open
+discovery becomes multiple choice, and the deterministic rule judge scores the JSON commit.
+:data:`MENU_TERMS` holds every string the menu prompt adds; a test checks that no free-mode prompt
+carries one.
+
+Rule judge [R] (menu only): the commit is a JSON object (free text around it is ignored) —
 grid ``{"A": "step_count", ...}`` (or ``{"A": {"rule": ...}}``), seq ``{"rule_1": "interleave_parity",
 ...}``, bio ``{"ploidy": 3, "gametes": ["1n", "2n"], ...}`` (see :data:`BIO_RUBRIC`) — each criterion
 scored against the truth with the rubric weights of the spec (20 per grid letter / seq rule; bio
@@ -31,6 +39,8 @@ from llmtool.core.registry import Registry
 
 UH_ENVS: Registry = Registry("bench-agent uh-run", "environment")
 LETTERS = "ABCDE"
+REPORTS = ("free", "menu")
+MENU_LABEL = "easier variant (closed menu)"
 
 
 def tool(fn):
@@ -73,9 +83,13 @@ class UHEnv:
     step_factor: ClassVar[int] = 4          # agent step cap = step_factor * R
     consuming: ClassVar[tuple[str, ...]] = ()
 
-    def __init__(self, difficulty: str = "hard", steps: int = 50, seed: int = 0, free: bool = False):
+    def __init__(self, difficulty: str = "hard", steps: int = 50, seed: int = 0, free: bool = False,
+                 report: str = "free"):
         if difficulty not in ("easy", "medium", "hard"):
             raise ValueError(f"difficulty {difficulty!r}: easy, medium or hard")
+        if report not in REPORTS:
+            raise ValueError(f"report {report!r}: free or menu")
+        self.report = report
         self.difficulty, self.R, self.seed, self.free = difficulty, int(steps), int(seed), bool(free)
         self.rng = random.Random(seed)
         self.used = 0
@@ -144,6 +158,14 @@ class UHEnv:
 
     def truth(self) -> dict:
         raise NotImplementedError
+
+    def describe(self, report: dict) -> str:
+        """A structured report written as prose (what a scripted agent commits in ``free`` mode)."""
+        raise NotImplementedError
+
+    def commit_text(self, report: dict) -> str:
+        """The commit a scripted agent sends for ``report``: JSON (menu) or prose (free)."""
+        return json.dumps(report) if self.report == "menu" else self.describe(report)
 
     def oracle_report(self) -> dict:
         raise NotImplementedError
@@ -266,7 +288,10 @@ class MysteryGrid(UHEnv):
                 "and/or energy, then the cell becomes X. The round ends at energy <= 0 or after 30 moves; reset "
                 f"starts a new random board (at most {self.RESETS} resets). Discover what each letter does "
                 "(trigger condition and effect). You must make " + str(self.R) + " moves before you may commit. "
-                "Commit a JSON object mapping each letter to its rule, one of: " + ", ".join(GRID_TEXT) + ".")
+                + ("Commit a JSON object mapping each letter to its rule, one of: " + ", ".join(GRID_TEXT) + "."
+                   if self.report == "menu" else
+                   "Commit a written report that states, for each letter A-E, when its effect triggers and what it "
+                   "does to score and energy."))
 
     @tool
     def move(self, direction: str) -> dict:
@@ -330,6 +355,10 @@ class MysteryGrid(UHEnv):
     def oracle_report(self) -> dict:
         return dict(self.effects)
 
+    def describe(self, report: dict) -> str:
+        return "\n".join(f"Letter {c}: " + (GRID_TEXT.get(str(report.get(c)), "unknown"))
+                         for c in LETTERS) + "\n"
+
     def random_report(self, rng) -> dict:
         return {c: rng.choice(sorted(GRID_TEXT)) for c in LETTERS}
 
@@ -367,6 +396,21 @@ def _is_prime(n: int) -> bool:
 SEQ_RULES = {"hard": ["interleave_parity", "reverse_shift_concat", "append_nth", "add_prev_main", "prime_most_frequent"],
              "easy": ["interleave", "position_sum", "position_max", "position_max", "sorted_concat"]}
 SEQ_RULES["medium"] = SEQ_RULES["hard"]     # [R] the official runner uses hard; medium = hard here
+SEQ_TEXT = {   # our wording of each candidate rule (ground truth for the LLM judge; scripted free reports)
+    "interleave_parity": "interleave main and vice letter by letter, main first on odd steps and vice first on "
+                         "even steps (step n counts inputs from 1)",
+    "reverse_shift_concat": "reverse the string and shift every letter by n places (mod 26, n = step number); "
+                            "output the shifted reversed string followed by the shifted original",
+    "append_nth": "with a = n mod 10 (10 when 0), append the string's a-th letter a times",
+    "add_prev_main": "add the previous step's main input letter by letter (A = 0, mod 26) to the first five "
+                     "letters; unchanged at step 1",
+    "prime_most_frequent": "when the step number is prime, replace every copy of the most frequent letter (ties: "
+                           "the first to appear) by the next letter; otherwise unchanged",
+    "interleave": "interleave main and vice letter by letter, main first",
+    "position_sum": "per position, the sum of the letter values of main and vice (A = 0), dash-separated",
+    "position_max": "per position, the later letter of main and vice",
+    "sorted_concat": "main and vice concatenated and sorted alphabetically",
+}
 
 
 def seq_hard(main: str, vice: str, n: int, prev_main: str | None) -> list[str]:
@@ -415,8 +459,11 @@ class SequenceExploration(UHEnv):
         return ("Each action inputs two sequences (main, vice) of exactly 5 letters from A-E, each with at least "
                 "2 distinct letters. A fixed chain of five hidden rules turns them into an output; you see every "
                 f"intermediate string (rule_1..rule_5). Discover the five rules. Make {self.R} inputs before you "
-                "may commit. Commit a JSON object {\"rule_1\": ID, ..., \"rule_5\": ID} with IDs from: "
-                + ", ".join(sorted(set(SEQ_RULES["hard"] + SEQ_RULES["easy"]))) + ".")
+                "may commit. " + ("Commit a JSON object {\"rule_1\": ID, ..., \"rule_5\": ID} with IDs from: "
+                                  + ", ".join(sorted(set(SEQ_RULES["hard"] + SEQ_RULES["easy"]))) + "."
+                                  if self.report == "menu" else
+                                  "Commit a written report that states precisely what each of rule_1 .. rule_5 "
+                                  "does."))
 
     @staticmethod
     def check_input(s) -> str:
@@ -435,8 +482,13 @@ class SequenceExploration(UHEnv):
         return {"step": self.n, **{f"rule_{i + 1}": s for i, s in enumerate(steps)}, "output": steps[-1]}
 
     def truth(self) -> dict:
-        return {"env": "seq", "difficulty": self.difficulty, "seed": self.seed,
-                "rules": {f"rule_{i + 1}": r for i, r in enumerate(SEQ_RULES[self.difficulty])}}
+        rules = {f"rule_{i + 1}": r for i, r in enumerate(SEQ_RULES[self.difficulty])}
+        return {"env": "seq", "difficulty": self.difficulty, "seed": self.seed, "rules": rules,
+                "text": {k: SEQ_TEXT[v] for k, v in rules.items()}}
+
+    def describe(self, report: dict) -> str:
+        return "\n".join(f"rule_{i}: " + SEQ_TEXT.get(str(report.get(f"rule_{i}")), "unknown")
+                         for i in range(1, 6)) + "\n"
 
     def oracle_report(self) -> dict:
         return self.truth()["rules"]
@@ -544,8 +596,11 @@ class AlienGenetics(UHEnv):
         return ("You run an alien genetics lab with founder organisms 1, 2 and 3 (capacity "
                 f"{self.CAPACITY} organisms). Cross organisms and study offspring phenotypes (body size, color, "
                 "shell) to infer the genetic basis, per-trait inheritance and lethal combinations. Genotypes are "
-                f"never shown. Make {self.R} crosses before you may commit. Commit a JSON report with keys: "
-                + ", ".join(k for _, k, _ in BIO_RUBRIC) + ".")
+                f"never shown. Make {self.R} crosses before you may commit. "
+                + ("Commit a JSON report with keys: " + ", ".join(k for _, k, _ in BIO_RUBRIC) + "."
+                   if self.report == "menu" else
+                   "Commit a written report with three sections: genetic basis, per-trait inheritance, lethal "
+                   "combinations."))
 
     def _public(self, oid: int) -> dict:
         o = self.orgs[oid]
@@ -596,7 +651,22 @@ class AlienGenetics(UHEnv):
                 "required_crosses": self.R, "ids": sorted(self.orgs)[:200]}
 
     def truth(self) -> dict:
-        return {"env": "bio", "seed": self.seed, "difficulty": self.difficulty, "report": self.oracle_report()}
+        rep = self.oracle_report()
+        return {"env": "bio", "seed": self.seed, "difficulty": self.difficulty, "report": rep,
+                "text": self.describe(rep)}
+
+    def describe(self, report: dict) -> str:
+        """Prose for the three sections of the spec's report (genetic basis, per-trait inheritance, lethal)."""
+        r = report
+        vals = r.get("size_values") or {}
+        return (f"Genetic basis: ploidy {r.get('ploidy')}; gametes {', '.join(map(str, r.get('gametes') or []))}; "
+                f"viable zygotes: {r.get('viability')}.\n"
+                f"Body size: {r.get('size_mode')} over alleles {', '.join(map(str, r.get('size_alleles') or []))} "
+                f"with values " + ", ".join(f"{a} = {v}" for a, v in vals.items()) + ".\n"
+                f"Color: {r.get('color_dominance')} dominance, order {' > '.join(map(str, r.get('color_order') or []))} "
+                "(allele Ck: the color allele founder k carries).\n"
+                f"Shell: {r.get('shell_dominance')} dominance (allele Hk: the shell allele founder k carries).\n"
+                f"Lethal combinations: shell alleles {' + '.join(map(str, r.get('shell_lethal') or []))} together.\n")
 
     def oracle_report(self) -> dict:
         return {"ploidy": 3, "gametes": ["1n", "2n"], "viability": "only_triploid", "size_mode": "additive",
@@ -642,8 +712,15 @@ def make_uh_env(name: str, **kw) -> UHEnv:
     return UH_ENVS.get(name)(**kw)
 
 
+# The strings the menu variant's prompts add: rule IDs, their descriptions, the bio report keys and
+# categorical answers. No free-mode prompt (nor tool schema) may contain one.
+MENU_TERMS = sorted({*GRID_TEXT, *GRID_TEXT.values(), *SEQ_TEXT, *SEQ_TEXT.values(), *(k for _, k, _ in BIO_RUBRIC),
+                     "only_triploid", "triploid", "additive", "cyclic", "1n", "2n"})
+
+
 # ============================================================================================ judges
 def rule_judge(env: UHEnv, commit: str | None) -> dict:
+    """The deterministic judge of the menu variant (a JSON commit of rule IDs / report keys)."""
     if commit is None:
         return {"final_score": 0, "score_breakdown": [], "comment": "no commit"}
     rep = parse_report(commit)

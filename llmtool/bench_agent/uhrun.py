@@ -8,6 +8,15 @@ assistant message so no observation is orphaned), ``crnr`` (when the non-system 
 messages, drop all of it and insert one user message saying the context was cleared and the notes
 must be read first; notes persist).
 
+Report protocols (``report``, issue 42): ``free`` (default) — the prompt names no rule and an LLM judge
+scores the written report; ``menu`` — the **easier variant (closed menu)**: the prompt lists the rule IDs
+and the rule judge scores a JSON commit. :func:`make_judge` resolves ``--judge`` for a protocol. Without
+``--judge``, ``free`` is refused with one line naming ``--judge``: the paper's judge is a strong LLM
+(DeepSeek-R1 in the official runner) over an API, and no judge that fits this project's CPU defaults
+(a 135M–0.5B model in-process) grades prose faithfully, so none is picked silently; ``--judge
+hf:MODEL`` runs a judge in-process when the user has a capable local model (a GPU for 7B+), and the
+rule judge is used for ``menu`` only.
+
 Tool calls are parsed tolerantly (native ``tool_calls``, tagged ``<tool_call>`` JSON, bare JSON,
 Python-call style); if several are emitted, the first runs and the agent is told the rest were
 ignored; a reply with no call is an invalid call answered by an error observation.
@@ -22,7 +31,7 @@ from pathlib import Path
 
 from llmtool.bench_agent.agents import Turn
 from llmtool.bench_agent.toolparse import parse_tool_calls
-from llmtool.bench_agent.uh import UHEnv, llm_judge, make_uh_env, rule_judge
+from llmtool.bench_agent.uh import MENU_LABEL, REPORTS, UHEnv, llm_judge, make_uh_env, rule_judge
 
 POLICIES = ("full", "sliding", "crnr")
 REFRESH = ("The context was cleared to save space. Before continuing, call check_notes to read your notes; "
@@ -59,6 +68,69 @@ def apply_policy(messages: list[dict], policy: str, window: int) -> tuple[list[d
     return messages, False
 
 
+class HFJudge:
+    """An in-process LLM judge (``--judge hf:MODEL``): greedy, the same prompt and parsing as the
+    endpoint judge (:func:`llmtool.bench_agent.uh.llm_judge` calls :meth:`chat`)."""
+
+    def __init__(self, spec: str, max_new_tokens: int = 1024):
+        from llmtool.bench_agent.agents import HFAgent
+
+        self.agent = HFAgent(spec, max_new_tokens=max_new_tokens, temperature=0.0, stop=())
+        self.model, self.cap = f"hf:{spec}", max_new_tokens
+
+    def chat(self, messages, temperature: float = 0.0, max_tokens: int = 2048) -> list[dict]:
+        self.agent.reset()
+        self.agent.max_new_tokens = min(max_tokens, self.cap)
+        return [{"content": self.agent.act(messages).content}]
+
+
+def make_judge(spec: str | None, report: str = "free"):
+    """The judge for ``--judge SPEC`` under ``--report REPORT``: None (the rule judge, menu only), an
+    ``OpenAIEndpoint`` (checked) or an :class:`HFJudge`. One-line ``UsageError`` otherwise."""
+    from llmtool.core.console import UsageError
+
+    if report not in REPORTS:
+        raise UsageError(f"--report {report!r}: free or menu")
+    spec = (spec or "").strip()
+    if spec in ("", "rule"):
+        if report == "free":
+            raise UsageError("--report free (the default) scores a written report with an LLM judge: pass --judge "
+                             "openai:URL#MODEL (the paper's setup) or --judge hf:MODEL, or use --report menu "
+                             f"(the {MENU_LABEL}, rule judge)")
+        return None
+    if spec.startswith("openai:") and "#" in spec:
+        import os
+
+        from llmtool.core.endpoint import OpenAIEndpoint
+
+        url, name = spec[len("openai:"):].split("#", 1)
+        ep = OpenAIEndpoint(url, name, api_key=os.environ.get("LLMTOOL_API_KEY"), timeout=300)
+        ep.check()
+        return ep
+    if spec.startswith("hf:"):
+        from llmtool.core.models import check_causal_lm, resolve_model
+
+        path = resolve_model(spec[3:])
+        check_causal_lm(path)
+        return HFJudge(str(path))
+    raise UsageError(f"--judge {spec!r}: openai:URL#MODEL, hf:MODEL or rule (--report menu only)")
+
+
+def score_commit(env: UHEnv, commit: str | None, judge=None) -> dict:
+    """Judge a commit: the rule judge when ``judge`` is None (menu only), else the LLM judge."""
+    if judge is None:
+        if env.report == "free":
+            raise ValueError("a free-text report needs an LLM judge (report='menu' for the rule judge)")
+        return rule_judge(env, commit)
+    return llm_judge(env, commit, judge)
+
+
+def judge_name(judge) -> str:
+    if judge is None:
+        return "rule"
+    return judge.model if str(judge.model).startswith("hf:") else f"openai:{judge.model}"
+
+
 class UHCtx:
     def __init__(self, env: UHEnv):
         self.env = env
@@ -67,39 +139,54 @@ class UHCtx:
         return self.env.schemas() + AUX_SCHEMAS
 
 
+SCRIPTS = ("oracle", "random")
+
+
 class UHScript:
-    """Scripted explorers: ``oracle`` knows the truth, performs R valid consuming actions (writing a
-    note on the way) and commits the structured report; ``random`` calls random tools with random
-    arguments and commits a random report. Both answer in the tagged tool-call text format, so the
-    loop parses them exactly like a model."""
+    """Scripted explorers: ``oracle`` READS THE HIDDEN TRUTH (an upper bound, not an explorer: labelled
+    "oracle (reads the truth)" in the benchmark), performs R valid consuming actions (writing a note on the
+    way) and commits the true report; ``infer`` (:mod:`llmtool.bench_agent.uhinfer`) never touches the
+    environment object: it reads only its own observations and eliminates hypotheses over the candidate rule
+    space; ``random`` calls random tools with random arguments and commits a random report. Each commits
+    JSON (menu) or prose (free) and answers in the tagged tool-call text format, so the loop parses them
+    exactly like a model."""
 
     concurrent = True
 
     def __init__(self, kind: str, seed: int = 0):
         from llmtool.core.console import UsageError
 
-        if kind not in ("oracle", "random"):
-            raise UsageError(f"--model script:{kind}: scripted agents are script:oracle and script:random")
+        if kind not in SCRIPTS:
+            raise UsageError(f"--model script:{kind}: scripted UltraHorizon agents are "
+                             + ", ".join(f"script:{k}" for k in SCRIPTS))
         self.kind, self.uri = kind, f"script:{kind}"
         self.rng = random.Random(seed)
+        self.seed = seed
+        self.infer = None
 
     def reset(self) -> None:
-        pass
+        self.infer = None
 
     def act(self, messages, ctx: UHCtx) -> Turn:
+        if self.kind == "infer":
+            from llmtool.bench_agent.uhinfer import InferExplorer
+
+            if self.infer is None:
+                self.infer = InferExplorer(self.seed)
+            return self.infer.act(messages, ctx)
         env = ctx.env
         if messages[-1]["content"].startswith(REFRESH[:20]):
             name, args = "check_notes", {}
         elif self.kind == "oracle":
             if env.may_commit():
-                name, args = "commit_final_result", {"content": json.dumps(env.oracle_report())}
+                name, args = "commit_final_result", {"content": env.commit_text(env.oracle_report())}
             elif env.used and env.used % 10 == 0 and not messages[-1]["content"].startswith("Observation: Note saved"):
                 name, args = "write_note", {"note": f"{env.used} actions done"}
             else:
                 name, args = env.oracle_action()
         else:
             if env.may_commit() and self.rng.random() < 0.3:
-                name, args = "commit_final_result", {"content": json.dumps(env.random_report(self.rng))}
+                name, args = "commit_final_result", {"content": env.commit_text(env.random_report(self.rng))}
             elif self.rng.random() < 0.8:
                 name, args = env.oracle_action()
             else:
@@ -118,10 +205,17 @@ def _python(code: str) -> str:
     return f"exit {r.returncode}; stdout: {r.stdout[-2000:]}" + (f"; stderr: {tail[:300]}" if r.returncode else "")
 
 
+def system_prompt(env: UHEnv, ctx: "UHCtx") -> str:
+    """The system prompt of a run: the environment's prompt, the tool schemas and the nudge."""
+    tools_text = "\n".join(json.dumps(s["function"]) for s in ctx.tool_schemas())
+    return env.prompt() + "\nTools:\n" + tools_text + "\n" + NUDGE
+
+
 def run_uh(env_name: str, agent, out_dir: Path, *, difficulty: str = "hard", steps: int = 50, seed: int = 0,
-           free: bool = False, policy: str = "crnr", window: int = 200, judge=None) -> dict:
+           free: bool = False, policy: str = "crnr", window: int = 200, judge=None, report: str = "free") -> dict:
     """One run into ``out_dir`` (trajectory.jsonl, notes.txt, commit.txt, eval_output.json,
-    env_truth.json); returns eval_output. ``judge``: None = rule judge, else an OpenAIEndpoint.
+    env_truth.json); returns eval_output. ``judge``: None = rule judge (``report="menu"`` only), else an
+    OpenAIEndpoint or :class:`HFJudge`. ``report``: ``free`` (written report, LLM judge) or ``menu``.
 
     An agent with a sampling ``seed`` (hf:, openai:) samples this run with ``seed``, as the environment does:
     with one sampling seed for every run, a model whose context never receives the environment's seed (no valid
@@ -131,13 +225,14 @@ def run_uh(env_name: str, agent, out_dir: Path, *, difficulty: str = "hard", ste
     if hasattr(agent, "seed"):
         agent.seed = seed
 
-    env = make_uh_env(env_name, difficulty=difficulty, steps=steps, seed=seed, free=free)
+    if judge is None and report == "free":
+        raise ValueError("report='free' needs an LLM judge; report='menu' uses the rule judge")
+    env = make_uh_env(env_name, difficulty=difficulty, steps=steps, seed=seed, free=free, report=report)
     ctx = UHCtx(env)
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     known = {s["function"]["name"] for s in ctx.tool_schemas()}
-    tools_text = "\n".join(json.dumps(s["function"]) for s in ctx.tool_schemas())
-    system = env.prompt() + "\nTools:\n" + tools_text + "\n" + NUDGE
+    system = system_prompt(env, ctx)
     messages = [{"role": "system", "content": system}, {"role": "user", "content": "Begin. " + NUDGE}]
     notes: list[str] = []
     stats = {"tool_calls": 0, "invalid_calls": 0, "ignored_calls": 0, "refreshes": 0, "early_commit_attempts": 0,
@@ -203,14 +298,15 @@ def run_uh(env_name: str, agent, out_dir: Path, *, difficulty: str = "hard", ste
     (out_dir / "notes.txt").write_text("\n".join(notes) + ("\n" if notes else ""))
     (out_dir / "commit.txt").write_text(env.committed or "")
     (out_dir / "env_truth.json").write_text(json.dumps(env.truth(), indent=2))
-    result = rule_judge(env, env.committed) if judge is None else llm_judge(env, env.committed, judge)
+    result = score_commit(env, env.committed, judge)
     slope = None
     if len(entropies) >= 2:
         xs = list(range(len(entropies)))
         mx, my = sum(xs) / len(xs), sum(entropies) / len(entropies)
         den = sum((x - mx) ** 2 for x in xs)
         slope = sum((x - mx) * (y - my) for x, y in zip(xs, entropies)) / den if den else None
-    ev = {"judge_input": env.committed, "judge": "rule" if judge is None else f"openai:{judge.model}",
+    ev = {"judge_input": env.committed, "judge": judge_name(judge), "report": report,
+          "protocol": "free report" if report == "free" else MENU_LABEL,
           "judge_result": result, "committed": env.committed is not None, "tool_calls": stats["tool_calls"],
           "env_actions": env.used, "token_statistics": {"prompt": stats["prompt_tokens"],
                                                         "completion": stats["completion_tokens"]},

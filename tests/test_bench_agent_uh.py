@@ -1,0 +1,96 @@
+"""UltraHorizon report protocols (issue 42): the free-text report with an LLM judge is the default and its
+prompt names no rule; the closed menu is a labelled easier variant; the inferring explorer reads only its
+observations; the control agent's alias randomisation."""
+from __future__ import annotations
+
+import json
+import re
+import threading
+from http.server import BaseHTTPRequestHandler, HTTPServer
+
+import pytest
+
+from conftest import run_cli
+
+from llmtool.bench_agent.uh import MENU_TERMS, make_uh_env
+from llmtool.bench_agent.uhrun import UHCtx, UHScript, make_judge, run_uh, system_prompt
+from llmtool.core.console import UsageError
+
+
+def _leaks(text: str) -> list[str]:
+    return [t for t in MENU_TERMS if re.search(r"(?<![\w])" + re.escape(t) + r"(?![\w])", text, re.I)]
+
+
+@pytest.mark.parametrize("env_name", ["grid", "seq", "bio"])
+@pytest.mark.parametrize("difficulty", ["easy", "hard"])
+def test_free_prompt_names_no_rule_and_menu_does(env_name, difficulty):
+    free = make_uh_env(env_name, difficulty=difficulty, steps=7, seed=0)
+    assert free.report == "free"                                 # the default protocol
+    assert _leaks(system_prompt(free, UHCtx(free))) == []
+    menu = make_uh_env(env_name, difficulty=difficulty, steps=7, seed=0, report="menu")
+    assert len(_leaks(system_prompt(menu, UHCtx(menu)))) >= 9     # the detector sees the menu's IDs / keys
+
+
+def test_free_report_needs_an_llm_judge(tmp_path):
+    with pytest.raises(ValueError, match="LLM judge"):
+        run_uh("seq", UHScript("oracle", 0), tmp_path / "x", steps=2)
+    for spec in ("", "rule"):
+        with pytest.raises(UsageError, match="--judge"):
+            make_judge(spec, "free")
+    assert make_judge("", "menu") is None and make_judge("rule", "menu") is None
+    with pytest.raises(UsageError, match="--judge"):
+        make_judge("gpt4", "menu")
+    code, _, err = run_cli("bench-agent", "uh-run", "script:oracle", tmp_path / "u", "--env", "seq", "--steps", "2")
+    assert code == 2 and "--judge" in err and "--report menu" in err
+    code, _, err = run_cli("bench-agent", "uh-run", "script:oracle", tmp_path / "u", "--env", "seq", "--steps", "2",
+                           "--report", "multiple-choice", "--judge", "rule")
+    assert code == 2
+
+
+class _Judge(BaseHTTPRequestHandler):
+    seen: list = []
+
+    def log_message(self, *a):
+        pass
+
+    def _send(self, obj):
+        data = json.dumps(obj).encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def do_GET(self):
+        self._send({"data": [{"id": "judge"}]})
+
+    def do_POST(self):
+        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        _Judge.seen.append(body["messages"][-1]["content"])
+        self._send({"choices": [{"message": {"content": '{"final_score": 80, "score_breakdown": []}'}}]})
+
+
+def test_cli_free_report_scored_by_the_llm_judge(tmp_path):
+    srv = HTTPServer(("127.0.0.1", 0), _Judge)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    try:
+        url = f"openai:http://127.0.0.1:{srv.server_address[1]}/v1#judge"
+        code, out, err = run_cli("bench-agent", "uh-run", "script:oracle", tmp_path / "u", "--env", "seq",
+                                 "--steps", "3", "--runs", "2", "--judge", url, "--json")
+        assert code == 0, err
+        assert json.loads(out)["score"]["mean"] == 80
+        ev = json.loads((tmp_path / "u" / "run-000" / "eval_output.json").read_text())
+        assert ev["report"] == "free" and ev["judge"].startswith("openai:")
+        commit = (tmp_path / "u" / "run-000" / "commit.txt").read_text()
+        assert "rule_1:" in commit and "{" not in commit                  # prose, not a JSON of rule IDs
+        assert commit in _Judge.seen[-1] and "interleave main and vice" in _Judge.seen[-1]   # truth text to the judge
+        sys_prompt = json.loads((tmp_path / "u" / "run-000" / "trajectory.jsonl").read_text().splitlines()[0])["content"]
+        assert _leaks(sys_prompt) == []
+    finally:
+        srv.shutdown()
+
+
+def test_menu_variant_is_labelled(tmp_path):
+    ev = run_uh("grid", UHScript("oracle", 0), tmp_path / "m", steps=3, seed=0, report="menu")
+    assert ev["protocol"] == "easier variant (closed menu)" and ev["judge"] == "rule"
+    assert ev["judge_result"]["final_score"] == 100
