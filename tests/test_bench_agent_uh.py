@@ -94,3 +94,69 @@ def test_menu_variant_is_labelled(tmp_path):
     ev = run_uh("grid", UHScript("oracle", 0), tmp_path / "m", steps=3, seed=0, report="menu")
     assert ev["protocol"] == "easier variant (closed menu)" and ev["judge"] == "rule"
     assert ev["judge_result"]["final_score"] == 100
+
+
+# ------------------------------------------------------------------------------ inferring explorer
+class _Blind:
+    """An environment proxy for the agent's side: every attribute access raises (the hidden truth, the
+    gating state, even the name), so an agent that reads the environment fails."""
+
+    def __getattr__(self, name):
+        raise AssertionError(f"the inferring explorer read env.{name}")
+
+
+@pytest.fixture
+def blind_ctx(monkeypatch):
+    import llmtool.bench_agent.uhrun as uhrun
+
+    class BlindCtx(uhrun.UHCtx):
+        def __init__(self, env):
+            self._real = env
+            self.env = _Blind()
+
+        def tool_schemas(self):
+            return self._real.schemas() + uhrun.AUX_SCHEMAS
+
+    monkeypatch.setattr(uhrun, "UHCtx", BlindCtx)
+
+
+@pytest.mark.parametrize("env_name,steps,least", [("grid", 30, 100), ("seq", 10, 100), ("bio", 10, 80)])
+def test_infer_explorer_reads_only_observations(blind_ctx, env_name, steps, least, tmp_path):
+    ev = run_uh(env_name, UHScript("infer", 1), tmp_path / "i", steps=steps, seed=1, report="menu", window=40)
+    assert ev["committed"] and ev["env_actions"] == steps
+    assert ev["judge_result"]["final_score"] >= least, ev["judge_result"]
+    with pytest.raises(AssertionError, match="read env"):         # the truth-reading oracle cannot run blind
+        run_uh(env_name, UHScript("oracle", 1), tmp_path / "o", steps=steps, seed=1, report="menu")
+
+
+def test_infer_explorer_recovers_an_assignment_no_difficulty_uses(blind_ctx, monkeypatch, tmp_path):
+    """The grid letters get effects no built-in difficulty assigns: only inference from the moves finds them."""
+    import llmtool.bench_agent.uh as uh
+
+    odd = {"A": "coordinate", "B": "parity", "C": "minus_score", "D": "energy_threshold", "E": "plus_energy"}
+    assert odd not in uh.GRID_EFFECTS.values()
+    monkeypatch.setitem(uh.GRID_EFFECTS, "hard", odd)
+    ev = run_uh("grid", UHScript("infer", 0), tmp_path / "g", steps=40, seed=0, report="menu", policy="crnr", window=12)
+    assert ev["stats"]["refreshes"] >= 1                   # it survives context refreshes
+    assert json.loads(ev["judge_input"]) == odd
+    seq = run_uh("seq", UHScript("infer", 0), tmp_path / "s", steps=12, seed=0, difficulty="easy", report="menu")
+    assert json.loads(seq["judge_input"]) == {f"rule_{i + 1}": r for i, r in enumerate(uh.SEQ_RULES["easy"])}
+
+
+def test_infer_explorer_short_horizon_is_imperfect(tmp_path):
+    """At R = 3 the grid letters cannot all be pinned down: the explorer is no oracle."""
+    scores = [run_uh("grid", UHScript("infer", s), tmp_path / f"g{s}", steps=3, seed=s, report="menu")
+              ["judge_result"]["final_score"] for s in range(4)]
+    assert min(scores) < 100
+
+
+def test_infer_explorer_free_report_is_prose(tmp_path):
+    srv = HTTPServer(("127.0.0.1", 0), _Judge)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    try:
+        judge = make_judge(f"openai:http://127.0.0.1:{srv.server_address[1]}/v1#judge", "free")
+        ev = run_uh("bio", UHScript("infer", 0), tmp_path / "b", steps=6, seed=0, judge=judge)
+        assert ev["report"] == "free" and ev["judge_result"]["final_score"] == 80
+        assert ev["judge_input"].startswith("Genetic basis: ploidy 3") and "{" not in ev["judge_input"]
+    finally:
+        srv.shutdown()

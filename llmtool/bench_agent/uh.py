@@ -356,8 +356,7 @@ class MysteryGrid(UHEnv):
         return dict(self.effects)
 
     def describe(self, report: dict) -> str:
-        return "\n".join(f"Letter {c}: " + (GRID_TEXT.get(str(report.get(c)), "unknown"))
-                         for c in LETTERS) + "\n"
+        return describe_report("grid", report)
 
     def random_report(self, rng) -> dict:
         return {c: rng.choice(sorted(GRID_TEXT)) for c in LETTERS}
@@ -487,8 +486,7 @@ class SequenceExploration(UHEnv):
                 "text": {k: SEQ_TEXT[v] for k, v in rules.items()}}
 
     def describe(self, report: dict) -> str:
-        return "\n".join(f"rule_{i}: " + SEQ_TEXT.get(str(report.get(f"rule_{i}")), "unknown")
-                         for i in range(1, 6)) + "\n"
+        return describe_report("seq", report)
 
     def oracle_report(self) -> dict:
         return self.truth()["rules"]
@@ -656,17 +654,7 @@ class AlienGenetics(UHEnv):
                 "text": self.describe(rep)}
 
     def describe(self, report: dict) -> str:
-        """Prose for the three sections of the spec's report (genetic basis, per-trait inheritance, lethal)."""
-        r = report
-        vals = r.get("size_values") or {}
-        return (f"Genetic basis: ploidy {r.get('ploidy')}; gametes {', '.join(map(str, r.get('gametes') or []))}; "
-                f"viable zygotes: {r.get('viability')}.\n"
-                f"Body size: {r.get('size_mode')} over alleles {', '.join(map(str, r.get('size_alleles') or []))} "
-                f"with values " + ", ".join(f"{a} = {v}" for a, v in vals.items()) + ".\n"
-                f"Color: {r.get('color_dominance')} dominance, order {' > '.join(map(str, r.get('color_order') or []))} "
-                "(allele Ck: the color allele founder k carries).\n"
-                f"Shell: {r.get('shell_dominance')} dominance (allele Hk: the shell allele founder k carries).\n"
-                f"Lethal combinations: shell alleles {' + '.join(map(str, r.get('shell_lethal') or []))} together.\n")
+        return describe_report("bio", report)
 
     def oracle_report(self) -> dict:
         return {"ploidy": 3, "gametes": ["1n", "2n"], "viability": "only_triploid", "size_mode": "additive",
@@ -706,6 +694,28 @@ class AlienGenetics(UHEnv):
                 ok = isinstance(got, str) and got.strip().lower() == want
             items.append((crit, pts, ok, f"reported {got!r}"))
         return _breakdown(items)
+
+
+def describe_report(env_name: str, report: dict) -> str:
+    """A structured report (the menu's JSON) written as prose: what a scripted agent commits in ``free``
+    mode. Uses only the report and the candidate rules' wording, never an environment's state."""
+    if env_name == "grid":
+        return "\n".join(f"Letter {c}: " + GRID_TEXT.get(str(report.get(c)), "unknown") for c in LETTERS) + "\n"
+    if env_name == "seq":
+        return "\n".join(f"rule_{i}: " + SEQ_TEXT.get(str(report.get(f"rule_{i}")), "unknown")
+                         for i in range(1, 6)) + "\n"
+    r = report          # bio: the spec's three sections (genetic basis, per-trait inheritance, lethal)
+    vals = r.get("size_values") or {}
+    lethal = r.get("shell_lethal") or []
+    return (f"Genetic basis: ploidy {r.get('ploidy')}; gametes {', '.join(map(str, r.get('gametes') or []))}; "
+            f"viable zygotes: {r.get('viability')}.\n"
+            f"Body size: {r.get('size_mode')} over alleles {', '.join(map(str, r.get('size_alleles') or []))} "
+            "with values " + ", ".join(f"{a} = {v}" for a, v in vals.items()) + ".\n"
+            f"Color: {r.get('color_dominance')} dominance, order {' > '.join(map(str, r.get('color_order') or []))} "
+            "(allele Ck: the color allele founder k carries).\n"
+            f"Shell: {r.get('shell_dominance')} dominance (allele Hk: the shell allele founder k carries).\n"
+            "Lethal combinations: " + ("shell alleles " + " + ".join(map(str, lethal)) + " together" if lethal
+                                       else "none found") + ".\n")
 
 
 def make_uh_env(name: str, **kw) -> UHEnv:

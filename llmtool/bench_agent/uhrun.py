@@ -139,7 +139,7 @@ class UHCtx:
         return self.env.schemas() + AUX_SCHEMAS
 
 
-SCRIPTS = ("oracle", "random")
+SCRIPTS = ("oracle", "infer", "random")
 
 
 class UHScript:
