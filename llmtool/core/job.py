@@ -126,6 +126,11 @@ def job(command: str, out: Path | str, *, overwrite: bool = False, config: Any =
             return
         cfg = config_dict(config)
         j.report.setdefault("seconds", round(time.time() - start, 3))
+        from llmtool.core import eta
+
+        last = eta.take_last()  # the start-time estimate the command printed, beside the measured time
+        if last is not None:
+            j.report.setdefault("estimate_seconds", last["seconds"])
         if write_report:
             (tmp / REPORT).write_text(json.dumps(j.report, indent=2, default=str))
         write_provenance(tmp, command=command, method=cfg.get("method", ""), params=cfg, source=model_path,

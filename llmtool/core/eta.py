@@ -1,0 +1,331 @@
+"""Start-time estimates of long commands: a small cost model, a per-machine calibration, one status line.
+
+A long command describes the work it is about to do as a list of :class:`Stage` s, each computed from the
+sizes the user passed (tokens, steps, samples) and the model's shape (read from ``config.json``, no weights
+loaded), and calls :func:`announce` before the work starts. ``announce`` turns the stages into seconds and
+prints one line on stderr through the console's ``info`` (silent under ``--quiet``; stdout is never
+touched, so ``--json`` output stays one JSON document)::
+
+    estimate: about 4 min (eval 2x4096 tokens, calibration 16x512 tokens, 16 rotation steps)
+
+The estimate (seconds, and the stages) is kept in :data:`LAST`; :func:`llmtool.core.job.job` writes it into
+the output's ``report.json``/``llmtool.json`` as ``estimate_seconds`` next to the measured ``seconds``.
+
+Cost model
+----------
+Each stage has a *kind* and a number of *units* (tokens, decode steps, flops, seconds) that grows linearly
+with the sizes the user passed (doubling the tokens doubles a forward stage's units). Per unit, a kind costs
+``flops_per_unit`` floating-point operations and/or ``bytes_per_unit`` bytes of weights streamed; seconds are
+
+    K[kind] * units * max(flops_per_unit / gemm_flops, bytes_per_unit / gemv_bytes)
+
+where ``gemm_flops`` (a dense matmul's operations per second) and ``gemv_bytes`` (a matrix-vector product's
+weight bytes per second) come from :func:`calibration`, and ``K`` are the constants below:
+
+- ``forward``: units = tokens through the model, 2 x matmul parameters (+ causal attention) flops each;
+- ``train``: units = tokens through forward + backward + optimizer, 6 x matmul parameters flops each;
+- ``decode``: units = sequential decode steps of a batch: the weights are streamed once per step (bytes) or
+  the batch's 2 x parameters flops, whichever is slower;
+- ``linalg``: units = flops of factorizations (SVD, eigh, Cholesky, GPTQ's updates), which run far below gemm
+  speed;
+- ``fixed``: units = seconds (python overheads measured once, e.g. per-request loops).
+
+Every command also pays ``startup`` seconds (imports) plus ``load`` seconds per billion parameters read.
+
+How the constants were fitted: ``benchmarks/estimates.py`` runs each long command on smollm2-135m at two
+sizes with ``--threads 1`` on the 2-core development machine (shared with other jobs), records the stages
+and the measured wall time, and the constants were set so that the ratio measured/estimate is close to 1
+over those runs (one K per kind, chosen from the runs where that kind dominates; the per-command fixed terms
+from the remaining gap). The table of ratios is ``benchmarks/results/estimates.md``. The estimate is a
+guide (within about 2x on that machine), not a promise: a loaded machine or a cold disk cache is slower.
+
+Calibration: :func:`calibration` times a ~0.2 s matmul and a ~0.1 s matrix-vector product at the command's
+thread count and dtype, once per (threads, dtype, device), and caches the numbers in
+``$LLMTOOL_HOME/eta-calibration.json`` (``~/.cache/llmtool``). A missing, unreadable or corrupt cache (not
+JSON, wrong types, non-positive numbers) is recomputed, never fatal; ``LLMTOOL_ETA_RECALIBRATE=1`` forces a
+new measurement (e.g. after a hardware change).
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any, Iterable
+
+# seconds per unit multipliers of each kind (see the module docstring for how they were fitted)
+K: dict[str, float] = {"forward": 1.6, "train": 2.0, "decode": 1.6, "linalg": 4.0, "fixed": 1.0}
+STARTUP_S = 6.0          # python + torch + transformers imports, argument checks
+LOAD_S_PER_BPARAM = 8.0  # reading and building a model, per 1e9 parameters
+
+CACHE_NAME = "eta-calibration.json"
+LAST: dict | None = None  # the last announced estimate: {"seconds", "stages", "calibration"}
+
+
+@dataclass
+class Stage:
+    """One part of a command's planned work. ``units`` scales with the user's sizes; ``label`` says them."""
+
+    name: str
+    kind: str
+    units: float
+    label: str = ""
+    flops_per_unit: float = 0.0
+    bytes_per_unit: float = 0.0
+
+    def seconds(self, cal: dict) -> float:
+        if self.kind == "fixed":
+            return K["fixed"] * self.units
+        t = max(self.flops_per_unit / cal["gemm_flops"], self.bytes_per_unit / cal["gemv_bytes"])
+        return K[self.kind] * self.units * t
+
+
+# ------------------------------------------------------------------------------------------ model shape
+@dataclass
+class Shape:
+    """What the cost model needs of a decoder-only model, from its config.json."""
+
+    params: float         # every parameter
+    matmul_params: float  # parameters in the per-token matmuls (layers' projections + LM head)
+    layers: int
+    hidden: int
+    intermediate: int = 0
+    q_dim: int = 0
+    kv_dim: int = 0
+    vocab: int = 0
+    bytes_per_param: int = 4
+
+    @classmethod
+    def from_config(cls, cfg: dict, bytes_per_param: int = 4) -> "Shape":
+        cfg = cfg.get("text_config", cfg) if isinstance(cfg.get("text_config"), dict) else cfg
+        h = int(cfg.get("hidden_size") or cfg.get("n_embd") or cfg.get("d_model") or 512)
+        layers = int(cfg.get("num_hidden_layers") or cfg.get("n_layer") or 1)
+        inter = int(cfg.get("intermediate_size") or 4 * h)
+        vocab = int(cfg.get("vocab_size") or 32000)
+        heads = int(cfg.get("num_attention_heads") or max(1, h // 64))
+        kv = int(cfg.get("num_key_value_heads") or heads)
+        hd = int(cfg.get("head_dim") or h // heads)
+        attn = h * hd * heads * 2 + h * hd * kv * 2
+        mlp = 3 * h * inter
+        per_layer = attn + mlp
+        embed = vocab * h
+        tied = bool(cfg.get("tie_word_embeddings", True))
+        params = layers * (per_layer + 2 * h) + embed * (1 if tied else 2) + h
+        return cls(params=float(params), matmul_params=float(layers * per_layer + embed), layers=layers, hidden=h,
+                   intermediate=inter, q_dim=hd * heads, kv_dim=hd * kv, vocab=vocab, bytes_per_param=bytes_per_param)
+
+    def linears(self) -> list[tuple[int, int]]:
+        """(out, in) of one decoder layer's projections: q, k, v, o, gate, up, down."""
+        h, i = self.hidden, self.intermediate or 4 * self.hidden
+        q, kv = self.q_dim or h, self.kv_dim or h
+        return [(q, h), (kv, h), (kv, h), (h, q), (i, h), (i, h), (h, i)]
+
+    def input_dims(self) -> list[int]:
+        """Distinct input widths of one layer's projections (one covariance/Hessian each): qkv, o, gate/up, down."""
+        h, i = self.hidden, self.intermediate or 4 * self.hidden
+        return [h, self.q_dim or h, h, i]
+
+    @classmethod
+    def of(cls, model: Any) -> "Shape":
+        """The shape of MODEL (a directory or a packaged alias), from its config.json; never loads weights."""
+        from llmtool.core.checkpoint import read_config
+        from llmtool.core.console import OPTIONS
+        from llmtool.core.models import resolve_model
+
+        return cls.from_config(read_config(resolve_model(model)), 2 if OPTIONS.dtype in ("float16", "bfloat16") else 4)
+
+    def attn_flops(self, context: float) -> float:
+        """Causal attention flops per token at ``context`` tokens (scores + weighted sum, averaged)."""
+        return 2.0 * self.layers * self.hidden * context
+
+
+# ------------------------------------------------------------------------------------------ stage builders
+def forward(name: str, tokens: float, shape: Shape, seqlen: float, label: str = "") -> Stage:
+    return Stage(name, "forward", float(tokens), label or f"{name} {fmt_count(tokens)} tokens",
+                 flops_per_unit=2 * shape.matmul_params + shape.attn_flops(seqlen))
+
+
+def train(name: str, tokens: float, shape: Shape, seqlen: float, label: str = "") -> Stage:
+    return Stage(name, "train", float(tokens), label or f"{name} {fmt_count(tokens)} tokens",
+                 flops_per_unit=6 * shape.matmul_params + 3 * shape.attn_flops(seqlen))
+
+
+def decode(name: str, steps: float, batch: float, shape: Shape, context: float = 0.0, label: str = "") -> Stage:
+    """``steps`` sequential decode steps of ``batch`` sequences at about ``context`` tokens of context."""
+    return Stage(name, "decode", float(steps), label or f"{name} {fmt_count(steps)} steps x {fmt_count(batch)}",
+                 flops_per_unit=batch * (2 * shape.matmul_params + 2 * shape.attn_flops(context)),
+                 bytes_per_unit=shape.bytes_per_param * shape.matmul_params)
+
+
+def linalg(name: str, flops: float, label: str = "") -> Stage:
+    return Stage(name, "linalg", float(flops), label, flops_per_unit=1.0)
+
+
+def fixed(name: str, seconds: float, label: str = "") -> Stage:
+    return Stage(name, "fixed", float(seconds), label or name)
+
+
+# ------------------------------------------------------------------------------------------ calibration
+def _cache_path() -> Path:
+    from llmtool.core.defaults import home
+
+    return home() / CACHE_NAME
+
+
+def _key(threads: int, dtype: str, device: str) -> str:
+    return f"threads={threads},dtype={dtype},device={device}"
+
+
+def _valid(entry: Any) -> bool:
+    return isinstance(entry, dict) and all(
+        isinstance(entry.get(k), (int, float)) and not isinstance(entry.get(k), bool)
+        and math.isfinite(entry[k]) and entry[k] > 0 for k in ("gemm_flops", "gemv_bytes"))
+
+
+def _read_cache(path: Path) -> dict:
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError, UnicodeDecodeError, RecursionError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def measure(dtype: str = "float32", device: str = "cpu", budget_s: float = 0.2) -> dict:
+    """Time a matmul (flops/s) and a matrix-vector product (weight bytes/s) for about ``budget_s`` each."""
+    import torch
+
+    dt = getattr(torch, dtype, torch.float32)
+    if not isinstance(dt, torch.dtype):
+        dt = torch.float32
+    dev = torch.device(device)
+    sync = torch.cuda.synchronize if dev.type == "cuda" else (lambda: None)
+
+    threads = max(1, torch.get_num_threads())
+
+    def rate(fn, work: float, budget: float) -> float:
+        fn()  # warm-up
+        sync()
+        n, t0, c0 = 0, time.perf_counter(), time.process_time()
+        while True:
+            fn()
+            n += 1
+            sync()
+            dt_ = time.perf_counter() - t0
+            if dt_ >= budget or n >= 10_000:
+                # on CPU, time other processes took from this one's threads is not counted (a calibration
+                # on a busy machine would otherwise make every later estimate too long)
+                cpu = (time.process_time() - c0) / threads if dev.type == "cpu" else dt_
+                return n * work / max(min(dt_, cpu) if cpu > 0 else dt_, 1e-9)
+
+    a = torch.randn(256, 1024, dtype=dt, device=dev)
+    b = torch.randn(1024, 1024, dtype=dt, device=dev)
+    gemm = rate(lambda: a @ b, 2.0 * 256 * 1024 * 1024, budget_s)
+    w = torch.randn(4096, 4096, dtype=dt, device=dev)  # 64 MB in fp32: out of cache, as model weights are
+    x = torch.randn(4096, 1, dtype=dt, device=dev)
+    gemv = rate(lambda: w @ x, float(w.numel() * w.element_size()), budget_s / 2)
+    return {"gemm_flops": gemm, "gemv_bytes": gemv, "measured": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+
+
+def calibration(threads: int | None = None, dtype: str | None = None, device: str | None = None,
+                path: Path | None = None, force: bool | None = None) -> dict:
+    """This machine's throughput at (threads, dtype, device), from the cache or measured (then cached).
+
+    A corrupt cache file is replaced, an unwritable one is ignored: calibration never fails a command."""
+    import torch
+
+    from llmtool.core.console import OPTIONS
+
+    threads = int(threads or torch.get_num_threads())
+    dtype = dtype or OPTIONS.dtype or "float32"
+    device = device or OPTIONS.device or "cpu"
+    path = path or _cache_path()
+    force = bool(os.environ.get("LLMTOOL_ETA_RECALIBRATE", "").strip() not in ("", "0")) if force is None else force
+    key = _key(threads, dtype, device)
+    data = _read_cache(path)
+    if not force and _valid(data.get(key)):
+        return {**data[key], "key": key, "cached": True}
+    entry = measure(dtype, device)
+    data = {k: v for k, v in data.items() if _valid(v)}  # drop whatever else was there (corrupt entries)
+    data[key] = entry
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(path.name + f".{os.getpid()}.tmp")
+        tmp.write_text(json.dumps(data, indent=1))
+        tmp.replace(path)
+    except OSError:
+        pass
+    return {**entry, "key": key, "cached": False}
+
+
+# ------------------------------------------------------------------------------------------ estimate
+def fmt_count(n: float) -> str:
+    n = float(n)
+    if n >= 1e6:
+        return f"{n / 1e6:.3g}M"
+    if n >= 1e4:
+        return f"{n / 1e3:.3g}k"
+    return f"{n:.0f}" if n == int(n) else f"{n:.3g}"
+
+
+def fmt_seconds(s: float) -> str:
+    if s < 60:
+        return f"about {max(5, int(round(s / 5.0)) * 5)} s" if s >= 5 else "a few seconds"
+    if s < 3600:
+        return f"about {round(s / 60.0)} min" if s >= 90 else "about 1 min"
+    h, m = divmod(int(round(s / 60.0)), 60)
+    return f"about {h} h {m} min" if m else f"about {h} h"
+
+
+def estimate(stages: Iterable[Stage], cal: dict, params: float = 0.0) -> dict:
+    """Seconds of ``stages`` plus start-up and model loading (``params`` parameters; 0 = no model)."""
+    stages = list(stages)
+    per = {s.name: 0.0 for s in stages}
+    for s in stages:
+        per[s.name] += s.seconds(cal)
+    overhead = STARTUP_S + LOAD_S_PER_BPARAM * params / 1e9
+    return {"seconds": overhead + sum(per.values()), "overhead_seconds": overhead, "stage_seconds": per}
+
+
+def line(stages: Iterable[Stage], seconds: float) -> str:
+    labels = [s.label for s in stages if s.label]
+    return f"estimate: {fmt_seconds(seconds)}" + (f" ({', '.join(labels)})" if labels else "")
+
+
+def announce(stages: Iterable[Stage], params: float = 0.0, what: str = "") -> dict | None:
+    """Estimate ``stages`` and print the one ``estimate:`` status line (stderr; silent under --quiet).
+
+    Returns the estimate (also kept in :data:`LAST`), or None where it could not be computed: an estimate
+    never fails a command."""
+    global LAST
+    from llmtool.core.console import info
+
+    stages = list(stages)
+    try:
+        from llmtool.core.job import apply_threads
+
+        apply_threads()  # calibrate at the thread count the command will run with
+        cal = calibration()
+        est = estimate(stages, cal, params)
+    except Exception as e:  # pragma: no cover - a broken torch install etc.: the command itself will say
+        if os.environ.get("LLMTOOL_DEBUG"):
+            raise
+        info(f"estimate: unavailable ({type(e).__name__})")
+        return None
+    LAST = {"seconds": round(est["seconds"], 1), "command": what,
+            "stages": [{**asdict(s), "seconds": round(s.seconds(cal), 2)} for s in stages],
+            "overhead_seconds": round(est["overhead_seconds"], 1),
+            "calibration": {k: cal[k] for k in ("gemm_flops", "gemv_bytes", "key")}}
+    from llmtool.core.dist import is_main
+
+    if is_main():
+        info(line(stages, est["seconds"]))
+    return LAST
+
+
+def take_last() -> dict | None:
+    """The last estimate, then forgotten (so it is written into one output only)."""
+    global LAST
+    last, LAST = LAST, None
+    return last
