@@ -69,6 +69,12 @@ def quantize(
                              "(a plain transformers checkpoint of the dequantized weights)")
     preflight(model, out, overwrite=overwrite, check_config=config_check(config))  # before torch is imported
 
+    from llmtool.core import eta_plans as plans
+
+    shape = plans.Shape.of(model)
+    plans.announce(plans.quantize(shape, config, calib_samples, calib_seqlen, evaluate, seqlen, max_tokens), shape,
+                   "quantize")
+
     def run(dst: Path, replace: bool) -> dict:
         return run_quantize(model=model, out=dst, cfg=config, calib_data=calib_data, calib_samples=calib_samples,
                             calib_seqlen=calib_seqlen, evaluate=evaluate, eval_data=eval_data, seqlen=seqlen,
