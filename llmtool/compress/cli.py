@@ -60,6 +60,10 @@ def compress(
         from llmtool.compress.streamed import check_streamable
 
         check_streamable(cfg)
+    from llmtool.core import eta_plans as plans
+
+    shape = plans.Shape.of(model)
+    plans.announce(plans.compress(shape, cfg), shape, "compress")
     report, exported = run_then_export(out, overwrite, export, lambda dst, replace: run(model, dst, cfg,
                                                                                        overwrite=replace,
                                                                                        stream=stream))
