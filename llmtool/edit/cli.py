@@ -72,6 +72,12 @@ def apply_command(
         reqs = reqs[:limit]
     cfg = config.edit_config(parse_int_list(layers, "--layers") if layers is not None else list(preset.layers),
                              preset.mom2_update_weight, batch_size=1 if sequential else edits_per_batch)
+    from llmtool.core import eta_plans as plans
+
+    shape = plans.Shape.of(model)
+    cached = plans.edit_stats_cached(model, cfg.layers, calib_data, config.mom2_samples, OPTIONS.seed)
+    plans.announce(plans.edit(shape, len(reqs), cfg.layers, config.v_steps, config.mom2_samples, cached,
+                              config.name), shape, "edit")
     manifest = run_edit(model, reqs, out, cfg, overwrite=overwrite, seed=OPTIONS.seed, stats_corpus=calib_data,
                         stats_samples=config.mom2_samples, preset=preset.name, method_config=config)
     rows = [dict(batch=i, **l) for i, b in enumerate(manifest.get("batches", [])) for l in b["layers"]]
