@@ -135,6 +135,11 @@ def pretrain(
     args = _args(lr, steps, batch_size, grad_accum, max_length, adam_beta2, adam_epsilon, warmup_ratio,
                  weight_decay, lr_scheduler, save_steps, seed)
     args.validate()
+    from llmtool.core import eta_plans as plans
+
+    shape = plans.Shape.from_config({"hidden_size": d_model, "num_hidden_layers": layers, "num_attention_heads": heads,
+                                     "vocab_size": plans.tokenizer_vocab(tokenizer)})
+    plans.announce(plans.pretrain(shape, steps, batch_size, grad_accum, max_length, val_blocks), None, "train pretrain")
     with job("train pretrain", out, overwrite=overwrite, config=clip, seed=seed) as j:
         tok = load_tokenizer(tokenizer)
         train, val = pretrain_blocks(tok, data, max_length, val_blocks, max_blocks)
@@ -197,6 +202,11 @@ def sft(
                  weight_decay, lr_scheduler, save_steps, seed)
     args.validate()
     rows = load_sft_rows(data)
+    from llmtool.core import eta_plans as plans
+
+    shape = plans.Shape.of(model)
+    plans.announce(plans.sft(shape, steps, batch_size, grad_accum, max_length, plans.sft_row_tokens(rows)), shape,
+                   "train sft")
     with job("train sft", out, overwrite=overwrite, config=clip, model=model, inputs=(data,), seed=seed) as j:
         m = j.model
         if resume is not None:

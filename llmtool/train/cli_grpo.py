@@ -178,6 +178,13 @@ def grpo(
     if rollout_endpoint and steps > 1 and main:
         info(f"warning: --allow-stale-rollouts: phases 2..{steps} sample from the server's initial weights "
              "(recorded as rollout_policy_lag in metrics.jsonl)")
+    from llmtool.core import eta_plans as plans
+
+    shape = plans.Shape.of(model)
+    done = int(start.name[11:]) if start is not None else 0  # phases a resumed run skips
+    plans.announce(plans.grpo(shape, max(0, steps - done), prompts_per_rollout, group_size, max_new_tokens, batch_size,
+                              kl_coef > 0 or getattr(shaping, "needs_ref", False),
+                              plans.prompt_tokens(rows, system_prompt), bool(rollout_endpoint)), shape, "train grpo")
     with (job("train grpo", out=out, overwrite=overwrite, config=config, model=model) if main
           else _worker_job("train grpo", out, model, config)) as j:
         import copy
