@@ -161,6 +161,11 @@ def evaluate_cmd(
         raise UsageError("--prefix must be >= 2 and --continuation >= 1")
     if task != "ppl" and length < 64:
         raise UsageError(f"--length {length}: must be at least 64 tokens")
+    from llmtool.core import eta_plans as plans
+
+    shape = plans.Shape.of(model)
+    plans.announce(plans.kvcache_evaluate(shape, task, length, samples, prefix, continuation), shape,
+                   "kvcache evaluate")
     m, tok = _load(model)
     result = evaluate_spec(m, tok, spec, task, length, samples, OPTIONS.seed, data, prefix, continuation,
                            compress_question, filler=filler)
