@@ -71,6 +71,10 @@ def ppl(
     ids = data_mod.tokenize(tok, data_mod.load_text(data))
     if ids.numel() < 2:  # before the model is loaded: fail fast
         raise UsageError(f"{data}: {ids.numel()} token(s) of text; perplexity needs at least 2")
+    from llmtool.core import eta_plans as plans
+
+    shape = plans.Shape.of(model)
+    plans.announce(plans.ppl(shape, min(max_tokens or ids.numel(), ids.numel()), seqlen), shape, "evaluate ppl")
     m = load_model(model)
     bos = data_mod.scoring_bos(tok)
     r = perplexity(m, ids, seqlen=seqlen, stride=stride or seqlen, max_tokens=max_tokens, batch_size=batch_size,

@@ -385,6 +385,15 @@ def judge_sample_cmd(
     rows = S.read_pairs(read_jsonl(pairs), str(pairs))
     if temperature == 0 and n > 1:
         info("--temperature 0 is greedy: the n samples of an order are identical")
+    kind, arg = S.parse_model_spec(judge)
+    if kind != "openai":
+        from llmtool.core import eta_plans as plans
+
+        shape = plans.Shape.of(arg)
+        n_rows = len(rows) * n
+        plans.announce(plans.generation("judge samples", shape, n_rows, plans.prompt_tokens(
+            [{"p": " ".join(str(r.get(k, "")) for k in ("prompt", "response_a", "response_b"))} for r in rows],
+            field="p") + 60, max_new_tokens, batch_rows), shape, "evaluate judge-sample")
     with atomic_file(out, overwrite) as tmp:  # before the model loads: an interrupted run leaves nothing
         gen, spec = _judge_backend(judge, api_base, temperature=temperature, max_new_tokens=max_new_tokens,
                                    batch_rows=batch_rows, force_final=force_final, concurrency=concurrency,
