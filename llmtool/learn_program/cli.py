@@ -103,6 +103,13 @@ def run_command(
                       eval_test_all=eval_test_all, seed=OPTIONS.seed)
     ds = _dataset(data, task, length, train, val, test, data_seed)
     inputs = (data,) if data else ()
+    if proposer.startswith("hf:"):  # a local model samples the proposals: the long part
+        from llmtool.core import eta_plans as plans
+
+        shape = plans.Shape.of(proposer[3:])
+        chars = sum(len(x) + 6 for x, _ in ds.train) + 1500  # the examples and the instructions
+        plans.announce(plans.learn_program(shape, samples, trials, chars / 3.0, max_new_tokens, batch_size,
+                                           len(ds.train) + len(ds.val)), shape, "learn-program run")
     with job("learn-program", out=out, overwrite=overwrite, config=None, inputs=inputs) as j:
         summary = run_llmpv(ds, prop, cfg, j.dir)
         j.report.update({k: v for k, v in summary.items() if k != "per_trial"})
