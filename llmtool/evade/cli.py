@@ -101,6 +101,11 @@ def watermark(
     wm = _scheme(scheme, model, config)
     rows = read_jsonl(prompts, required=("prompt",))
     texts = _texts(rows, prompts, "prompt")
+    from llmtool.core import eta_plans as plans
+
+    shape = plans.Shape.of(model)
+    plans.announce(plans.generation("generation", shape, len(texts), plans.prompt_tokens(
+        [{"prompt": t} for t in texts]) - 20, max_new_tokens, batch_size), shape, "evade watermark")
     tok, m = load_tokenizer(model), load_model(model)
     set_seed()
     own_sampling = wm.score_kind == "p" or getattr(wm, "owns_sampling", False)
