@@ -57,13 +57,29 @@ class GlobalOptions:
 OPTIONS = GlobalOptions()
 
 
+STATUS_EVERY_S = 30.0  # without a bar (no tty, --json), a long loop says where it is at most this often
+
+
 def progress(items: Iterable[T], description: str, total: int | None = None) -> Iterator[T]:
-    """Iterate ``items`` with a rich progress bar on stderr (hidden under --json/--quiet or no tty)."""
+    """Iterate ``items`` with a rich progress bar on stderr (hidden under --json/--quiet or no tty). Without a bar,
+    a loop still running after :data:`STATUS_EVERY_S` prints a status line (``description: i/total after N s``)
+    that often, so a long stage is never silent in a log; --quiet silences it."""
     if total is None and hasattr(items, "__len__"):
         total = len(items)  # type: ignore[arg-type]
     show = not (OPTIONS.json or OPTIONS.quiet) and stderr.is_terminal
     if not show:
-        yield from items
+        if OPTIONS.quiet:
+            yield from items
+            return
+        import time
+
+        t0 = last = time.monotonic()
+        for i, item in enumerate(items, 1):
+            yield item
+            now = time.monotonic()
+            if now - last >= STATUS_EVERY_S:
+                info(f"{description}: {i}/{total if total is not None else '?'} after {now - t0:.0f} s")
+                last = now
         return
     with Progress(
         TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),

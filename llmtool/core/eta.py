@@ -2,9 +2,9 @@
 
 A long command describes the work it is about to do as a list of :class:`Stage` s, each computed from the
 sizes the user passed (tokens, steps, samples) and the model's shape (read from ``config.json``, no weights
-loaded), and calls :func:`announce` before the work starts. ``announce`` turns the stages into seconds and
-prints one line on stderr through the console's ``info`` (silent under ``--quiet``; stdout is never
-touched, so ``--json`` output stays one JSON document)::
+loaded), and calls :func:`announce` before the work starts. ``announce`` turns the stages into seconds and,
+when they come to at least ``MIN_PRINT_S`` (10 s), prints one line on stderr through the console's ``info``
+(silent under ``--quiet``; stdout is never touched, so ``--json`` output stays one JSON document)::
 
     estimate: about 4 min (eval 2x4096 tokens, calibration 16x512 tokens, 16 rotation steps)
 
@@ -39,11 +39,14 @@ over those runs (one K per kind, chosen from the runs where that kind dominates;
 from the remaining gap). The table of ratios is ``benchmarks/results/estimates.md``. The estimate is a
 guide (within about 2x on that machine), not a promise: a loaded machine or a cold disk cache is slower.
 
-Calibration: :func:`calibration` times a ~0.2 s matmul and a ~0.1 s matrix-vector product at the command's
+Calibration: :func:`calibration` times a ~0.1 s matmul and a ~0.05 s matrix-vector product at the command's
 thread count and dtype, once per (threads, dtype, device), and caches the numbers in
 ``$LLMTOOL_HOME/eta-calibration.json`` (``~/.cache/llmtool``). A missing, unreadable or corrupt cache (not
 JSON, wrong types, non-positive numbers) is recomputed, never fatal; ``LLMTOOL_ETA_RECALIBRATE=1`` forces a
 new measurement (e.g. after a hardware change).
+
+``LLMTOOL_ETA_RECORD=FILE`` appends each announced estimate (seconds, stages with their units, calibration) to
+FILE as one JSON line: how ``benchmarks/estimates.py`` reads the exact numbers behind the printed line.
 """
 from __future__ import annotations
 
@@ -59,6 +62,10 @@ from typing import Any, Iterable
 K: dict[str, float] = {"forward": 1.6, "train": 2.0, "decode": 1.6, "linalg": 4.0, "fixed": 1.0}
 STARTUP_S = 6.0          # python + torch + transformers imports, argument checks
 LOAD_S_PER_BPARAM = 8.0  # reading and building a model, per 1e9 parameters
+
+MIN_PRINT_S = 10.0       # shorter estimates are kept (report.json) but not printed: only long commands say it
+# a slow machine's throughput: an estimate under MIN_PRINT_S even at these rates needs no calibration
+SLOW = {"gemm_flops": 2e9, "gemv_bytes": 1e9, "key": "slow-default"}
 
 CACHE_NAME = "eta-calibration.json"
 LAST: dict | None = None  # the last announced estimate: {"seconds", "stages", "calibration"}
@@ -192,7 +199,7 @@ def _read_cache(path: Path) -> dict:
     return data if isinstance(data, dict) else {}
 
 
-def measure(dtype: str = "float32", device: str = "cpu", budget_s: float = 0.2) -> dict:
+def measure(dtype: str = "float32", device: str = "cpu", budget_s: float = 0.1) -> dict:
     """Time a matmul (flops/s) and a matrix-vector product (weight bytes/s) for about ``budget_s`` each."""
     import torch
 
@@ -294,7 +301,8 @@ def line(stages: Iterable[Stage], seconds: float) -> str:
 
 
 def announce(stages: Iterable[Stage], params: float = 0.0, what: str = "") -> dict | None:
-    """Estimate ``stages`` and print the one ``estimate:`` status line (stderr; silent under --quiet).
+    """Estimate ``stages`` and print the one ``estimate:`` status line (stderr; silent under --quiet, and
+    for estimates under :data:`MIN_PRINT_S`: a short command says nothing).
 
     Returns the estimate (also kept in :data:`LAST`), or None where it could not be computed: an estimate
     never fails a command."""
@@ -303,24 +311,35 @@ def announce(stages: Iterable[Stage], params: float = 0.0, what: str = "") -> di
 
     stages = list(stages)
     try:
-        from llmtool.core.job import apply_threads
+        est = estimate(stages, SLOW, params)
+        cal = SLOW
+        if est["seconds"] >= MIN_PRINT_S:  # short even on a slow machine: no calibration needed
+            from llmtool.core.job import apply_threads
 
-        apply_threads()  # calibrate at the thread count the command will run with
-        cal = calibration()
-        est = estimate(stages, cal, params)
+            apply_threads()  # calibrate at the thread count the command will run with
+            cal = calibration()
+            est = estimate(stages, cal, params)
     except Exception as e:  # pragma: no cover - a broken torch install etc.: the command itself will say
         if os.environ.get("LLMTOOL_DEBUG"):
             raise
         info(f"estimate: unavailable ({type(e).__name__})")
         return None
-    LAST = {"seconds": round(est["seconds"], 1), "command": what,
+    LAST = {"seconds": round(est["seconds"], 1), "command": what, "params": params,
             "stages": [{**asdict(s), "seconds": round(s.seconds(cal), 2)} for s in stages],
             "overhead_seconds": round(est["overhead_seconds"], 1),
             "calibration": {k: cal[k] for k in ("gemm_flops", "gemv_bytes", "key")}}
     from llmtool.core.dist import is_main
 
     if is_main():
-        info(line(stages, est["seconds"]))
+        if est["seconds"] >= MIN_PRINT_S:
+            info(line(stages, est["seconds"]))
+        record = os.environ.get("LLMTOOL_ETA_RECORD", "").strip()
+        if record:  # benchmarks/estimates.py: the exact estimate and its stages, one JSON line per command
+            try:
+                with open(record, "a") as fh:
+                    fh.write(json.dumps(LAST) + "\n")
+            except OSError:
+                pass
     return LAST
 
 
