@@ -1,10 +1,13 @@
 """Benchmark for `llmtool bench-agent`: PIPE rewrites (oracle under every rewrite on every built-in
 environment, the default model on grid navigation, optionally the fine-tune-on-oracle-trajectories
-experiment), UltraHorizon (scripted explorers at two horizons and two context policies, the default
-model at a tiny horizon) and harness cost.
+experiment and its control), UltraHorizon (scripted explorers at two horizons and two context policies,
+the default model at a tiny horizon) and harness cost.
 
     python benchmarks/bench_agent.py                 # CPU defaults, about 15 min on 2 busy cores
     python benchmarks/bench_agent.py --sft           # + fine-tune on oracle trajectories (shared trainer)
+    python benchmarks/bench_agent.py --sft --control # + the control agent (SFT under random aliases)
+    python benchmarks/bench_agent.py --only uh-scripted   # rerun the scripted UltraHorizon rows only
+    python benchmarks/bench_agent.py --only uh-scripted --uh-judge openai:URL#MODEL   # + the free-report rows
     python benchmarks/bench_agent.py --sft --base-episodes 20 --train-tasks 400 --sft-steps 300   # GPU scale
     python benchmarks/bench_agent.py --only oracle   # rerun the oracle table only; other parts kept from the JSON
     python benchmarks/bench_agent.py --only uh-model --uh-model-envs grid,seq,bio --uh-model-steps 3,10 \
@@ -13,7 +16,16 @@ model at a tiny horizon) and harness cost.
 Writes benchmarks/results/bench_agent.{json,md,png}. Acceptance gates are reported as met / NOT met /
 not tested (``benchmarks/gates.py``) with the measured figure; nothing is hard-coded. The base model's
 IR gate is not tested when the base model makes no valid tool call in the dual-interface runs (its IR
-is then 1 by definition, not by measurement).
+is then 1 by definition, not by measurement); the control agent (``--control``, issue 42) is the agent that
+can act but was never trained on the names: it is fine-tuned like the fine-tuned agent on the same oracle
+episodes shown under fresh random aliases per episode (``llmtool/bench_agent/control.py``), and its IR should
+be about 1.
+
+UltraHorizon protocols: the scripted rows run the **easier variant (closed menu)** with the rule judge (the
+prompt lists the candidate rule IDs); with ``--uh-judge openai:URL#MODEL|hf:MODEL`` they also run the
+default protocol, a free-text report scored by that LLM judge. ``oracle (reads the truth)`` is an upper
+bound, not an explorer; ``script:infer`` infers the rules from its own observations by elimination over the
+menu's candidate rules (so its menu and free scores measure identifiability within that space).
 """
 from __future__ import annotations
 
@@ -93,18 +105,22 @@ def ir_of(work: Path, tag: str, env_name: str, seed: int) -> dict:
     return interface_reliance(eps("dual-ori-first"), eps("dual-syn-first"), seed=seed)
 
 
-def oracle_examples(env_name: str, n_tasks: int, seed: int, tok, history: int) -> list[dict]:
-    """(prompt, completion) pairs from oracle episodes in the ORIGINAL interface only; prompts are the
-    chat-templated, history-windowed messages the agent sees at evaluation time."""
+def oracle_examples(env_name: str, n_tasks: int, seed: int, tok, history: int, aliases: bool = False) -> list[dict]:
+    """(prompt, completion) pairs from oracle episodes in the ORIGINAL interface only (``aliases``: the
+    control's data — the same tasks and seeds, each episode under its own random alias names); prompts are
+    the chat-templated, history-windowed messages the agent sees at evaluation time."""
     from llmtool.bench_agent.agents import make_agent
+    from llmtool.bench_agent.control import control_episodes
     from llmtool.bench_agent.envs import make_env
     from llmtool.bench_agent.harness import run_episode, window
 
     ex = []
     oracle = make_agent("script:oracle")
+    recs = control_episodes(env_name, n_tasks, seed, history) if aliases else None
     for i in range(n_tasks):
         env = make_env(env_name)
-        rec = run_episode(env, oracle, "none", i, 10_000_000 + seed * 100003 + i, env.default_rounds, history=history)
+        rec = recs[i] if aliases else run_episode(env, oracle, "none", i, 10_000_000 + seed * 100003 + i,
+                                                  env.default_rounds, history=history)
         msgs = rec["conversation"]
         for k, m in enumerate(msgs):
             if m["role"] == "assistant":
@@ -113,23 +129,60 @@ def oracle_examples(env_name: str, n_tasks: int, seed: int, tok, history: int) -
     return ex
 
 
-def uh_part(args, work: Path) -> dict:
-    from llmtool.bench_agent.uhrun import UHScript, run_uh, score_runs
+UH_LABEL = {"oracle": "oracle (reads the truth)", "infer": "script:infer (from observations)",
+            "random": "script:random"}
+MENU = "menu: easier variant (closed menu)"
 
+
+def uh_scripted(args, work: Path) -> tuple[list[dict], dict]:
+    """The scripted explorers (oracle, infer, random) in every (env, R, context) cell: the menu variant with
+    the rule judge, and the free report with ``--uh-judge`` when one is given."""
+    from llmtool.bench_agent.uhrun import UHScript, make_judge, run_uh, score_runs
+
+    protocols = [("menu", None)]
+    if args.uh_judge:
+        protocols.append(("free", make_judge(args.uh_judge, "free")))
     rows, raw = [], {}
-    for env_name in ("grid", "seq", "bio"):
-        for steps in (args.uh_small, args.uh_large):
-            for policy, window in (("crnr", args.uh_window), ("sliding", args.uh_window)):
-                for kind in ("oracle", "random"):
-                    t0 = time.time()
-                    evs = [run_uh(env_name, UHScript(kind, args.seed + i), work / f"uh-{kind}-{env_name}-{steps}-{policy}-{i}",
-                                  steps=steps, seed=args.seed + i, policy=policy, window=window)
-                           for i in range(args.uh_runs)]
-                    s = score_runs(evs)
-                    dt = time.time() - t0
-                    acts = sum(e["env_actions"] for e in evs)
-                    raw[f"{kind}-{env_name}-{steps}-{policy}"] = s
-                    rows.append(_uh_row(f"script:{kind}", env_name, steps, policy, s, acts / dt))
+    for report, judge in protocols:
+        for env_name in ("grid", "seq", "bio"):
+            for steps in (args.uh_small, args.uh_large):
+                for policy, window in (("crnr", args.uh_window), ("sliding", args.uh_window)):
+                    for kind in ("oracle", "infer", "random"):
+                        t0 = time.time()
+                        evs = [run_uh(env_name, UHScript(kind, args.seed + i),
+                                      work / f"uh-{report}-{kind}-{env_name}-{steps}-{policy}-{i}", steps=steps,
+                                      seed=args.seed + i, policy=policy, window=window, report=report, judge=judge)
+                               for i in range(args.uh_runs)]
+                        s = score_runs(evs)
+                        dt = time.time() - t0
+                        acts = sum(e["env_actions"] for e in evs)
+                        key = f"{kind}-{env_name}-{steps}-{policy}" + ("" if report == "menu" else "-free")
+                        raw[key] = {**s, "report": report, "judge": evs[0]["judge"]}
+                        rows.append(_uh_row(UH_LABEL[kind], env_name, steps, policy, s, acts / dt,
+                                            MENU if report == "menu" else f"free report, judge {evs[0]['judge']}"))
+                    print(f"  UltraHorizon scripted {report} {env_name} R={steps} {policy}: " + ", ".join(
+                        f"{k} {raw[f'{k}-{env_name}-{steps}-{policy}' + ('' if report == 'menu' else '-free')]['score']['mean']:.1f}"
+                        for k in ("oracle", "infer", "random")), flush=True)
+    return rows, raw
+
+
+def uh_gates(results: dict) -> None:
+    """The scripted UltraHorizon gates (menu variant, rule judge)."""
+    raw = results["ultrahorizon"]["raw"]
+    menu = {k: v for k, v in raw.items() if not k.startswith("model-") and v.get("report", "menu") == "menu"}
+    g = results["gates"]
+    g["uh_oracle_scores_100"] = all(v["score"]["mean"] == 100 for k, v in menu.items() if k.startswith("oracle"))
+    g["uh_random_scores_le_40"] = all(v["score"]["mean"] <= 40 for k, v in menu.items() if k.startswith("random"))
+    inf = {k: v["score"]["mean"] for k, v in menu.items() if k.startswith("infer")}
+    rnd = {k: v["score"]["mean"] for k, v in menu.items() if k.startswith("random")}
+    g["uh_infer_above_random_every_cell"] = gate(
+        "uh_infer_above_random_every_cell", all(inf[k] > rnd["random" + k[5:]] for k in inf),
+        min((inf[k] - rnd["random" + k[5:]] for k in inf), default=None), precondition=bool(inf),
+        reason="the inferring explorer was not run")
+
+
+def uh_part(args, work: Path) -> dict:
+    rows, raw = uh_scripted(args, work)
     print("  UltraHorizon scripted: done", flush=True)
     if args.uh_model_runs > 0:
         model_rows, model_raw = uh_model_part(args, work)
@@ -149,8 +202,11 @@ def previous_results() -> dict:
 _UH_AGENT = None
 
 
-def _uh_worker_init(model: str, max_new_tokens: int, seed: int, threads: int) -> None:
-    global _UH_AGENT
+_UH_JUDGE = None
+
+
+def _uh_worker_init(model: str, max_new_tokens: int, seed: int, threads: int, judge: str = "") -> None:
+    global _UH_AGENT, _UH_JUDGE
     import torch
 
     from llmtool.bench_agent.agents import HFAgent
@@ -160,13 +216,18 @@ def _uh_worker_init(model: str, max_new_tokens: int, seed: int, threads: int) ->
     _UH_AGENT = HFAgent(str(resolve_model(model)), max_new_tokens=max_new_tokens, temperature=0.3,
                         stop=("</tool_call>",), seed=seed)
     _UH_AGENT.uri = f"hf:{model}"
+    if judge:
+        from llmtool.bench_agent.uhrun import make_judge
+
+        _UH_JUDGE = make_judge(judge, "free")
 
 
 def _uh_model_run(job: tuple) -> dict:
     from llmtool.bench_agent.uhrun import run_uh
 
     env_name, steps, seed, policy, window, out = job
-    return run_uh(env_name, _UH_AGENT, Path(out), steps=steps, seed=seed, policy=policy, window=window)
+    return run_uh(env_name, _UH_AGENT, Path(out), steps=steps, seed=seed, policy=policy, window=window,
+                  report="free" if _UH_JUDGE is not None else "menu", judge=_UH_JUDGE)
 
 
 def uh_model_part(args, work: Path) -> tuple[list[dict], dict]:
@@ -183,7 +244,7 @@ def uh_model_part(args, work: Path) -> tuple[list[dict], dict]:
     jobs = [(e, r, args.seed + i, pol, args.uh_model_window, str(work / f"uh-model-{e}-{r}-{pol}-{i}"))
             for e, r, pol in cells for i in range(args.uh_model_runs)]
     t0 = time.time()
-    init = (args.model, args.uh_max_new_tokens, args.seed, args.threads)
+    init = (args.model, args.uh_max_new_tokens, args.seed, args.threads, args.uh_judge)
     if args.workers > 1:
         with ProcessPoolExecutor(args.workers, mp.get_context("spawn"), initializer=_uh_worker_init,
                                  initargs=init) as pool:
@@ -203,7 +264,8 @@ def uh_model_part(args, work: Path) -> tuple[list[dict], dict]:
         s["completion_tokens_per_s"] = sum(ev["token_statistics"]["completion"] for ev in cell) / sum(s["run_seconds"])
         s["entropy_slopes"] = [ev["entropy_slope"] for ev in cell]
         raw[f"model-{e}-{r}-{pol}"] = s
-        rows.append(_uh_row(f"hf:{args.model}", e, r, pol, s, None))
+        rows.append(_uh_row(f"hf:{args.model}", e, r, pol, s, None,
+                            f"free report, judge {cell[0]['judge']}" if args.uh_judge else MENU))
         print(f"  UltraHorizon {args.model} {e} R={r} {pol}: score {s['score']['mean']}, "
               f"tool calls {s['tool_calls']['mean']}, {sum(s['run_seconds']):.0f}s of runs", flush=True)
     return rows, raw
@@ -236,14 +298,37 @@ def only_uh_model(args) -> None:
     print(f"UltraHorizon model part {time.time() - t:.0f} s")
 
 
+def only_uh_scripted(args) -> None:
+    """``--only uh-scripted``: rerun the scripted explorers' UltraHorizon rows, keep every other part."""
+    results = previous_results()
+    work = Path(args.work or tempfile.mkdtemp(prefix="bench_agent_"))
+    t = time.time()
+    print("== UltraHorizon, scripted explorers (other parts kept from the previous run)", flush=True)
+    rows, raw = uh_scripted(args, work)
+    uh = results.setdefault("ultrahorizon", {"rows": [], "raw": {}})
+    model_rows = [r for r in uh["rows"] if r["agent"].startswith("hf:")]
+    for r in model_rows:            # runs before issue 42 always had the menu in the prompt
+        r.setdefault("protocol", MENU)
+    uh["rows"] = rows + model_rows
+    uh["raw"] = {**{k: v for k, v in uh["raw"].items() if k.startswith("model-")}, **raw}
+    uh_gates(results)
+    results.setdefault("phase_seconds", {})["ultrahorizon scripted rerun alone"] = round(time.time() - t, 1)
+    results["uh_scripted_command"] = (f"python benchmarks/bench_agent.py --only uh-scripted --uh-runs {args.uh_runs} "
+                                      f"--uh-small {args.uh_small} --uh-large {args.uh_large} --uh-window {args.uh_window}"
+                                      + (f" --uh-judge {args.uh_judge}" if args.uh_judge else ""))
+    write(results)
+    print(f"UltraHorizon scripted part {time.time() - t:.0f} s")
+
+
 def _ci(m) -> str:
     if m.get("mean") is None:
         return "n/a"
     return f"{m['mean']:.1f} ± {m['hi'] - m['mean']:.1f}"
 
 
-def _uh_row(agent, env, steps, policy, s, steps_per_s) -> dict:
-    return {"agent": agent, "env": env, "R": steps, "context": policy, "runs": s["runs"], "score": _ci(s["score"]),
+def _uh_row(agent, env, steps, policy, s, steps_per_s, protocol=MENU) -> dict:
+    return {"agent": agent, "protocol": protocol, "env": env, "R": steps, "context": policy, "runs": s["runs"],
+            "score": _ci(s["score"]),
             "tool calls": _ci(s["tool_calls"]), "prompt tokens": _ci(s["prompt_tokens"]),
             "completion tokens": _ci(s["completion_tokens"]), "commit rate": s["commit_rate"],
             "refreshes": _ci(s["refreshes"]),
@@ -256,14 +341,18 @@ def main() -> None:
     ap.add_argument("--env", default="grid-nav", help="PIPE env for the model rows")
     ap.add_argument("--oracle-tasks", type=int, default=50)
     ap.add_argument("--external-tasks", type=int, default=20, help="oracle episodes per real game (TWX, ScienceWorld)")
-    ap.add_argument("--only", default="", choices=["", "oracle", "pipe", "uh-model"],
-                    help="rerun only this part (oracle table, or the model rows of PIPE with --sft); the other "
-                         "parts' results are kept from the existing JSON")
+    ap.add_argument("--only", default="", choices=["", "oracle", "pipe", "uh-model", "uh-scripted"],
+                    help="rerun only this part (oracle table, the model rows of PIPE with --sft/--control, the "
+                         "default model's or the scripted explorers' UltraHorizon rows); the other parts' results "
+                         "are kept from the existing JSON")
     ap.add_argument("--base-episodes", type=int, default=6)
     ap.add_argument("--max-rounds", type=int, default=8, help="rounds per episode; 0 = the environment's default")
     ap.add_argument("--history", type=int, default=1)
     ap.add_argument("--max-new-tokens", type=int, default=16)
     ap.add_argument("--sft", action="store_true", help="fine-tune on oracle trajectories and evaluate (slow on CPU)")
+    ap.add_argument("--control", action="store_true",
+                    help="also fine-tune the control agent (the same oracle episodes under random aliases, a fresh "
+                         "copy of the base model, the same SFT settings) and evaluate it: its IR should be about 1")
     ap.add_argument("--train-tasks", type=int, default=60)
     ap.add_argument("--sft-steps", type=int, default=40)
     ap.add_argument("--sft-batch", type=int, default=8)
@@ -272,6 +361,8 @@ def main() -> None:
     ap.add_argument("--uh-small", type=int, default=10)
     ap.add_argument("--uh-large", type=int, default=50)
     ap.add_argument("--uh-window", type=int, default=40)
+    ap.add_argument("--uh-judge", default="", help="openai:URL#MODEL or hf:MODEL: also run the UltraHorizon rows "
+                    "with the free-text report (the default protocol) scored by this LLM judge")
     ap.add_argument("--uh-model-runs", type=int, default=2)
     ap.add_argument("--uh-model-envs", default="seq")
     ap.add_argument("--uh-model-steps", default="5", help="comma-separated step budgets R")
@@ -287,6 +378,8 @@ def main() -> None:
         return only_oracle(args)
     if args.only == "uh-model":
         return only_uh_model(args)
+    if args.only == "uh-scripted":
+        return only_uh_scripted(args)
 
     import torch
 
@@ -312,10 +405,10 @@ def main() -> None:
         results["pipe"].pop(args.env, None)       # other environments' rows are kept
         if args.env == ACCEPTANCE_ENV:
             results["gates"] = {k: v for k, v in results["gates"].items()
-                                if not k.startswith(("base_ir", "ft_", "sft_"))}
+                                if not k.startswith(("base_ir", "ft_", "sft_", "control_"))}
         results.setdefault("phase_seconds", {})
     else:
-        results = {"command": command, "config": config, "pipe": {}, "gates": {}}
+        results = {"command": command, "config": config, "pipe": {}, "gates": {}, "phase_seconds": {}}
     phase = results["phase_seconds"]
     if args.only != "pipe":
         t = time.time()
@@ -329,9 +422,7 @@ def main() -> None:
         print("== UltraHorizon", flush=True)
         results["ultrahorizon"] = uh_part(args, work)
         phase["ultrahorizon"] = round(time.time() - t, 1)
-        scripted = results["ultrahorizon"]["raw"]
-        results["gates"]["uh_oracle_scores_100"] = all(v["score"]["mean"] == 100 for k, v in scripted.items() if k.startswith("oracle"))
-        results["gates"]["uh_random_scores_le_40"] = all(v["score"]["mean"] <= 40 for k, v in scripted.items() if k.startswith("random"))
+        uh_gates(results)
         write(results)
 
     env_name = args.env
@@ -389,6 +480,29 @@ def main() -> None:
                                         reason="the fine-tuned agent makes no valid tool call in the dual runs")
     else:
         gates["sft_experiment"] = gate("sft_experiment", False, precondition=False, reason="not run (pass --sft)")
+    if args.control:
+        from llmtool.core.trainer import TrainArgs, sft
+
+        t0 = time.time()
+        ex = oracle_examples(env_name, args.train_tasks, args.seed, tok, args.history, aliases=True)
+        longest = max(len(tok(e["prompt"] + e["completion"], add_special_tokens=False)["input_ids"]) for e in ex)
+        targs = TrainArgs(lr=args.lr, max_steps=args.sft_steps, batch_size=args.sft_batch, max_length=max(384, longest + 8),
+                          warmup_ratio=0.05, seed=args.seed, logging_steps=10)
+        cmodel = load_model(path, dtype="float32", device="cpu")        # a fresh copy of the base model
+        info = sft(cmodel, tok, ex, targs)
+        r["control_sft"] = {"examples": len(ex), "train_loss": info["train_loss"], "steps": info["steps"],
+                            "longest": longest, "seconds": time.time() - t0}
+        cmodel.eval()
+        agent = HFAgent(str(path), model=cmodel, tokenizer=tok, max_new_tokens=args.max_new_tokens, stop=("\n",))
+        agent.uri = f"hf:{args.model}+control"
+        r["control_eval"] = eval_agent(env_name, agent, args.base_episodes, args.seed, args.history, work, "control",
+                                       args.max_rounds)
+        r["control_ir"] = ir_of(work, "control", env_name, args.seed)
+        phase[f"control_train_and_eval {env_name}"] = round(time.time() - t0, 1)
+        cir = r["control_ir"]
+        print(f"  control IR {cir['ir']:.2f} [{cir['ir_lo']:.2f},{cir['ir_hi']:.2f}]", flush=True)
+    if args.control or env_name == ACCEPTANCE_ENV:
+        gates["control_ir_in_[0.5,2]"] = control_ir_gate(r)
     wall = round(time.time() - t_start, 1)
     if args.only == "pipe":
         r["wall_seconds"] = wall       # the whole run's wall time stays that of the full command
@@ -405,6 +519,18 @@ def dual_calls(evals: dict) -> int:
                for k in ("orig_calls", "alias_calls"))
 
 
+def control_ir_gate(r: dict) -> dict:
+    """IR of the control agent (fine-tuned under random aliases: it acts, but never saw the names) in
+    [0.5, 2] (issue 42). Not tested when the control was not run or made no valid call in the dual runs."""
+    if "control_ir" not in r:
+        return gate("control_ir_in_[0.5,2]", False, precondition=False,
+                    reason="not run (CPU budget): pass --control (a second SFT of the --sft size plus its evaluation)")
+    ir = r["control_ir"]
+    return gate("control_ir_in_[0.5,2]", 0.5 <= ir["ir"] <= 2, [ir["ir"], ir["ir_lo"], ir["ir_hi"]],
+                precondition=dual_calls(r.get("control_eval", {})) > 0,
+                reason="the control agent makes no valid tool call in the dual-interface runs")
+
+
 def base_ir_gate(r: dict) -> dict:
     """IR of the base model in [0.5, 2] (no reliance on either name set). Tested only when the base model
     makes valid tool calls in the dual runs: a model that never acts has IR = 1 by definition (issue 42)."""
@@ -412,7 +538,7 @@ def base_ir_gate(r: dict) -> dict:
     n = dual_calls(r.get("base", {}))
     return gate("base_ir_in_[0.5,2]", 0.5 <= ir["ir"] <= 2, ir["ir"], precondition=n > 0,
                 reason="the base model makes no valid tool call in the dual-interface runs, so its IR is 1 by "
-                       "definition (needs a control agent that acts)")
+                       "definition (the control agent's gate, control_ir_in_[0.5,2], is the test that can fail)")
 
 
 def oracle_gate(oracle: dict) -> bool:
@@ -442,6 +568,8 @@ def write(results: dict) -> None:
         if "base_ir" in r and "base" in r:
             where = results["gates"] if env_name == ACCEPTANCE_ENV else r.setdefault("checks", {})
             where["base_ir_in_[0.5,2]"] = base_ir_gate(r)
+            if env_name == ACCEPTANCE_ENV or "control_ir" in r:
+                where["control_ir_in_[0.5,2]"] = control_ir_gate(r)
     (RESULTS / "bench_agent.json").write_text(json.dumps(results, indent=2, default=str))
     lines = ["# bench-agent benchmark", "", f"Command: `{results['command']}`", ""]
     if results.get("oracle_command"):
@@ -458,7 +586,7 @@ def write(results: dict) -> None:
                   "(Java); env steps/s includes their per-episode game reset/load.", "", markdown_table(rows), ""]
     for env_name, r in results["pipe"].items():
         rows = []
-        for tag, key in (("base", "base"), ("fine-tuned", "sft_eval")):
+        for tag, key in (("base", "base"), ("fine-tuned", "sft_eval"), ("control (random aliases)", "control_eval")):
             for mode, s in r.get(key, {}).items():
                 rows.append({"agent": tag, "rewrite": mode, "episodes": s["episodes"], "SR": f"{s['sr']:.2f}",
                              "95% CI": f"[{s['sr_lo']:.2f}, {s['sr_hi']:.2f}]", "orig calls": s["orig_calls"],
@@ -470,7 +598,7 @@ def write(results: dict) -> None:
             lines += [f"Run alone: `{r['command']}`" + (" (the issue's acceptance environment)"
                                                           if env_name == ACCEPTANCE_ENV else " (reported, not gated)"), ""]
         lines += [markdown_table(rows), ""]
-        for tag, key in (("base", "base_ir"), ("fine-tuned", "sft_ir")):
+        for tag, key in (("base", "base_ir"), ("fine-tuned", "sft_ir"), ("control", "control_ir")):
             if key in r:
                 ir = r[key]
                 lines.append(f"- IR {tag}: {ir['ir']:.2f} (95% CI {ir['ir_lo']:.2f}–{ir['ir_hi']:.2f}; "
@@ -479,6 +607,12 @@ def write(results: dict) -> None:
         if "sft" in r:
             lines.append(f"- SFT: {r['sft']['examples']} examples, {r['sft']['steps']} steps, "
                          f"loss {r['sft']['train_loss']:.3f}, {r['sft']['seconds']:.0f} s")
+        if "control_sft" in r:
+            c = r["control_sft"]
+            lines.append(f"- control SFT (random aliases per episode): {c['examples']} examples, {c['steps']} steps, "
+                         f"loss {c['train_loss']:.3f}, {c['seconds']:.0f} s")
+        elif env_name == ACCEPTANCE_ENV and "base" in r:
+            lines.append("- control agent (SFT under random aliases): not run (CPU budget); `--control` runs it")
         for k, v in r.get("checks", {}).items():
             lines.append(f"- {k} (reported, not gated): {_gate(v)}")
         if "base_tokens_per_s" in r:
@@ -488,7 +622,18 @@ def write(results: dict) -> None:
         lines.append("")
     uh = results.get("ultrahorizon")
     if uh:
-        lines += ["## UltraHorizon (rule judge; mean ± 95% CI half-width)", "", markdown_table(uh["rows"]), ""]
+        if results.get("uh_scripted_command"):
+            lines += [f"Scripted UltraHorizon rows rerun alone: `{results['uh_scripted_command']}`.", ""]
+        lines += ["## UltraHorizon (mean ± 95% CI half-width)", "",
+                  "Protocol `menu: easier variant (closed menu)`: the prompt lists the candidate rule IDs (grid, seq) "
+                  "or report keys (bio) and the rule judge scores a JSON commit, so discovery is multiple choice. The "
+                  "default protocol, a free-text report scored by an LLM judge, needs `--uh-judge`"
+                  + (" (run below)." if any(not r.get("protocol", MENU).startswith("menu") for r in uh["rows"])
+                     else "; not run here (no judge endpoint on this machine).")
+                  + " `oracle (reads the truth)` commits the hidden truth (an upper bound, not an explorer); "
+                  "`script:infer` infers the rules from its own observations by eliminating candidates of the menu's "
+                  "rule space (grid, seq) and from designed crosses (bio).", "",
+                  markdown_table([{**{"agent": r["agent"], "protocol": r.get("protocol", MENU)}, **r} for r in uh["rows"]]), ""]
     lines += ["## Gates", ""] + [f"- {k}: {_gate(v)}" for k, v in results["gates"].items()]
     if "wall_seconds" in results:
         ph = results.get("phase_seconds", {})
@@ -520,16 +665,19 @@ def plot(results: dict) -> None:
     if not envs:
         return
     fig, axes = plt.subplots(1, len(envs), figsize=(4.2 * len(envs), 3.8), sharey=True, squeeze=False)
-    agents = (("oracle", "C2"), ("base", "C7"), ("fine-tuned", "C0"))
+    keys = {"oracle": None, "base": "base", "fine-tuned": "sft_eval", "control": "control_eval"}
+    agents = [(a, c) for a, c in (("oracle", "C2"), ("base", "C7"), ("fine-tuned", "C0"), ("control", "C1"))
+              if keys[a] is None or any(keys[a] in results["pipe"][e] for e in envs)]
     w = 0.8 / len(agents)
     for ax, env_name in zip(axes[0], envs):
         r = results["pipe"][env_name]
-        rows = {"oracle": results.get("oracle", {}).get(env_name), "base": r.get("base"), "fine-tuned": r.get("sft_eval")}
+        rows = {"oracle": results.get("oracle", {}).get(env_name), "base": r.get("base"), "fine-tuned": r.get("sft_eval"),
+                "control": r.get("control_eval")}
         for i, (agent, color) in enumerate(agents):
             cells = rows[agent]
             if not cells:
                 continue
-            xs = [j + (i - 1) * w for j in range(len(MODES))]
+            xs = [j + (i - (len(agents) - 1) / 2) * w for j in range(len(MODES))]
             srs = [cells[m]["sr"] for m in MODES]
             err = [[max(0.0, cells[m]["sr"] - cells[m].get("sr_lo", cells[m]["sr"])) for m in MODES],
                    [max(0.0, cells[m].get("sr_hi", cells[m]["sr"]) - cells[m]["sr"]) for m in MODES]]

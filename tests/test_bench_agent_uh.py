@@ -160,3 +160,72 @@ def test_infer_explorer_free_report_is_prose(tmp_path):
         assert ev["judge_input"].startswith("Genetic basis: ploidy 3") and "{" not in ev["judge_input"]
     finally:
         srv.shutdown()
+
+
+# ------------------------------------------------------------------------------------ control agent
+@pytest.mark.parametrize("env_name", ["grid-nav", "sqlite-qa", "text-coin", "os-files"])
+def test_control_training_episodes_never_show_the_original_names(env_name):
+    import random
+
+    from llmtool.bench_agent.control import control_episodes, random_alias_spec
+    from llmtool.bench_agent.envs import make_env
+
+    env = make_env(env_name)
+    rng = random.Random(0)
+    specs = [random_alias_spec(env, rng, env.sample_texts(8)) for _ in range(3)]
+    assert all(not s.validate() for s in specs)
+    assert len({tuple(s.synonyms.values()) for s in specs}) == 3           # fresh aliases per draw
+    eps = control_episodes(env_name, 4, seed=0)
+    assert len({tuple(e["aliases"].values()) for e in eps}) == 4
+    for e in eps:
+        assert e["success"] and e["orig_calls"] == 0 and e["alias_calls"] > 0
+        text = "\n".join(m["content"] for m in e["conversation"])
+        for orig in env.IDENTIFIERS:
+            assert not re.search(r"(?<!\w)" + re.escape(orig) + r"(?!\w)", text), orig
+        assert any(al in text for al in e["aliases"].values())
+
+
+def _bench_agent_module():
+    import importlib.util
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    if str(root) not in sys.path:
+        sys.path.insert(0, str(root))
+    spec = importlib.util.spec_from_file_location("bench_agent_bench_uh", root / "benchmarks" / "bench_agent.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_control_ir_gate_can_fail_and_says_not_tested_when_not_run():
+    ba = _bench_agent_module()
+    from benchmarks import gates
+    assert ba.control_ir_gate({})["verdict"] == gates.NOT_TESTED
+    assert "not run" in ba.control_ir_gate({})["reason"]
+    silent = {m: {"orig_calls": 0, "alias_calls": 0} for m in ("dual-ori-first", "dual-syn-first")}
+    ir = {"ir": 1.0, "ir_lo": 1.0, "ir_hi": 1.0}
+    assert ba.control_ir_gate({"control_ir": ir, "control_eval": silent})["verdict"] == gates.NOT_TESTED
+    acting = dict(silent, **{"dual-syn-first": {"orig_calls": 4, "alias_calls": 5}})
+    assert ba.control_ir_gate({"control_ir": ir, "control_eval": acting})["verdict"] == gates.MET
+    assert ba.control_ir_gate({"control_ir": dict(ir, ir=2.7), "control_eval": acting})["verdict"] == gates.NOT_MET
+
+
+def test_uh_gates_judge_the_menu_rows_and_the_inferring_explorer():
+    ba = _bench_agent_module()
+    from benchmarks import gates
+
+    def cell(m):
+        return {"score": {"mean": m}, "report": "menu"}
+
+    raw = {"oracle-grid-10-crnr": cell(100), "infer-grid-10-crnr": cell(70), "random-grid-10-crnr": cell(5),
+           "model-grid-3-crnr": cell(0)}
+    res = {"ultrahorizon": {"raw": raw}, "gates": {}}
+    ba.uh_gates(res)
+    g = res["gates"]
+    assert g["uh_oracle_scores_100"] and g["uh_random_scores_le_40"]
+    assert g["uh_infer_above_random_every_cell"]["verdict"] == gates.MET
+    raw["infer-grid-10-crnr"] = cell(5)
+    ba.uh_gates(res)
+    assert res["gates"]["uh_infer_above_random_every_cell"]["verdict"] == gates.NOT_MET
