@@ -230,6 +230,13 @@ def run_cmd(
     check_output(Path(out), overwrite)
     agent, model_path = _agent(model, max_new_tokens=max_new_tokens, temperature=temperature, protocol=protocol)
     agent.uri = model
+    if model_path is not None:  # a local model answers every turn: the long part
+        from llmtool.bench_agent.envs import ENVS
+        from llmtool.core import eta_plans as plans
+
+        shape = plans.Shape.of(model_path)
+        plans.announce(plans.bench_agent(shape, len(task_list), max_rounds or ENVS.get(env).default_rounds,
+                                         max_new_tokens), shape, "bench-agent run")
     part = _open_partial(out, overwrite, restart, config)
     from llmtool.core.job import apply_threads
 

@@ -149,19 +149,24 @@ class Shape:
 
 
 # ------------------------------------------------------------------------------------------ stage builders
-def forward(name: str, tokens: float, shape: Shape, seqlen: float, label: str = "") -> Stage:
-    return Stage(name, "forward", float(tokens), label or f"{name} {fmt_count(tokens)} tokens",
+def _label(label: str | None, default: str) -> str:
+    return default if label is None else label  # "" = a stage the line does not name
+
+
+def forward(name: str, tokens: float, shape: Shape, seqlen: float, label: str | None = None) -> Stage:
+    return Stage(name, "forward", float(tokens), _label(label, f"{name} {fmt_count(tokens)} tokens"),
                  flops_per_unit=2 * shape.matmul_params + shape.attn_flops(seqlen))
 
 
-def train(name: str, tokens: float, shape: Shape, seqlen: float, label: str = "") -> Stage:
-    return Stage(name, "train", float(tokens), label or f"{name} {fmt_count(tokens)} tokens",
+def train(name: str, tokens: float, shape: Shape, seqlen: float, label: str | None = None) -> Stage:
+    return Stage(name, "train", float(tokens), _label(label, f"{name} {fmt_count(tokens)} tokens"),
                  flops_per_unit=6 * shape.matmul_params + 3 * shape.attn_flops(seqlen))
 
 
-def decode(name: str, steps: float, batch: float, shape: Shape, context: float = 0.0, label: str = "") -> Stage:
+def decode(name: str, steps: float, batch: float, shape: Shape, context: float = 0.0,
+           label: str | None = None) -> Stage:
     """``steps`` sequential decode steps of ``batch`` sequences at about ``context`` tokens of context."""
-    return Stage(name, "decode", float(steps), label or f"{name} {fmt_count(steps)} steps x {fmt_count(batch)}",
+    return Stage(name, "decode", float(steps), _label(label, f"{name} {fmt_count(steps)} steps x {fmt_count(batch)}"),
                  flops_per_unit=batch * (2 * shape.matmul_params + 2 * shape.attn_flops(context)),
                  bytes_per_unit=shape.bytes_per_param * shape.matmul_params)
 

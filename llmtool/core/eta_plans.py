@@ -169,7 +169,8 @@ def sft_row_tokens(rows: list[dict]) -> float:
     """Mean tokens per SFT row, from its characters (about 4 per token)."""
     if not rows:
         return 2.0
-    chars = [sum(len(str(v)) for k, v in r.items() if k in ("prompt", "completion", "text")) for r in rows]
+    chars = [sum(len(str(v)) for k, v in r.items() if k in ("prompt", "completion", "response", "text"))
+             for r in rows[:2000] if isinstance(r, dict)]
     return max(2.0, sum(chars) / len(chars) / 4.0 + 8)
 
 
@@ -213,3 +214,54 @@ def learn_program(shape: Shape, samples: int, trials: int, prompt_tokens: float,
 
 def ppl(shape: Shape, tokens: int, seqlen: int) -> list[Stage]:
     return [forward("perplexity", tokens, shape, seqlen, f"perplexity {fmt_count(tokens)} tokens")]
+
+
+# ------------------------------------------------------------------------------------------ route, select-data, agents
+def finetune(name: str, shape: Shape, rows: list[dict], epochs: float, max_steps: int, batch_size: int,
+             max_length: int, grad_accum: int = 1) -> Stage:
+    """Trainer fine-tuning over ``rows`` (``max_steps`` > 0 overrides ``epochs``)."""
+    seq = min(max_length, sft_row_tokens(rows))
+    n = max_steps * batch_size * grad_accum if max_steps and max_steps > 0 else epochs * len(rows)
+    return train(name, n * seq, shape, seq, f"{name} {fmt_count(n)} rows x ~{seq:.0f} tokens")
+
+
+def route_make_experts(shape: Shape, rows: list[dict], domains: list[str], epochs: float, max_steps: int,
+                       batch_size: int, max_length: int) -> list[Stage]:
+    st = [finetune(f"expert {d}", shape, [r for r in rows if r.get("domain") == d], epochs, max_steps, batch_size,
+                   max_length) for d in domains]
+    st.append(fixed("loading", len(domains) * LOAD_S(shape), ""))
+    return st
+
+
+def LOAD_S(shape: Shape) -> float:
+    return eta.LOAD_S_PER_BPARAM * shape.params / 1e9
+
+
+def route_train(base: Shape, experts: list[Shape], rows: list[dict], epochs: float, max_steps: int,
+                batch_size: int, max_length: int) -> list[Stage]:
+    st = [finetune("router", base, rows, epochs, max_steps, batch_size, max_length)]
+    tok = st[0].units
+    seq = min(max_length, sft_row_tokens(rows))
+    st += [forward("experts", tok, e, seq, f"{len(experts)} experts' forwards") for e in experts]
+    st.append(fixed("loading", sum(LOAD_S(e) for e in experts), ""))
+    for s in st[2:-1]:
+        s.label = ""
+    return st
+
+
+MINILM = Shape.from_config({"hidden_size": 384, "num_hidden_layers": 6, "num_attention_heads": 12,
+                            "intermediate_size": 1536, "vocab_size": 30522})
+
+
+def embed(shape: Shape, texts: list[str], max_length: int) -> list[Stage]:
+    tok = sum(min(max_length, len(t) / 4.0 + 2) for t in texts)
+    return [forward("embed", tok, shape, max_length, f"embed {len(texts)} texts, ~{fmt_count(tok)} tokens")]
+
+
+def bench_agent(shape: Shape, episodes: int, rounds: int, max_new_tokens: int) -> list[Stage]:
+    """Episodes x rounds agent turns: a growing conversation is prefilled, then up to max_new_tokens decoded."""
+    turns = episodes * rounds
+    ctx = 400 + 60 * rounds / 2  # system prompt and observations, the history grows with the rounds
+    return [forward("prompts", turns * ctx, shape, ctx, ""),
+            decode("turns", turns * max_new_tokens, 1, shape, ctx,
+                   f"up to {episodes} episodes x {rounds} rounds x {max_new_tokens} tokens")]

@@ -142,6 +142,11 @@ def make_experts(
         if not any(r["domain"] == n for r in rows):
             raise UsageError(f"--domains {n}: no record of that domain in {data}")
     targs = _train_args(lr, epochs, max_steps, batch_size, max_length=max_length, lora_r=lora_r)
+    from llmtool.core import eta_plans as plans
+
+    shape = plans.Shape.of(model)
+    plans.announce(plans.route_make_experts(shape, rows, names, epochs, max_steps, batch_size, max_length), shape,
+                   "route make-experts")
     with job("route make-experts", out=out, overwrite=overwrite, model=model, inputs=(data,)) as j:
         tok = load_tokenizer(j.model_path)
         summary = {}
@@ -219,6 +224,11 @@ def train_cmd(
         rows = read_rows(data, required=("prompt", "response"))
         base_arg = base or "smollm2-135m"
         paths = [str(resolve_model(p)) for p in _paths(experts)]
+        from llmtool.core import eta_plans as plans
+
+        shape = plans.Shape.of(base_arg)
+        plans.announce(plans.route_train(shape, [plans.Shape.of(p) for p in paths], rows, epochs, max_steps,
+                                         batch_size, max_length), shape, "route train")
         with job("route train", out=out, overwrite=overwrite, model=base_arg, inputs=(data,)) as j:
             tok = load_tokenizer(j.model_path)
             ref = vocab_hash(tok)

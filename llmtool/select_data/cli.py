@@ -63,6 +63,10 @@ def embed(corpus: Corpus,
         raise UsageError("--embedder lm needs --model")
     rows = read_jsonl(corpus, ("text",))
     texts = [r["text"] for r in rows]
+    from llmtool.core import eta_plans as plans
+
+    shape = plans.MINILM if embedder == "minilm" else plans.Shape.of(model)
+    plans.announce(plans.embed(shape, texts, max_length), shape, "select-data embed")
     with atomic_file(out, overwrite) as tmp:
         if embedder == "minilm":
             emb = embed_minilm(texts, batch_size=batch_size, max_length=max_length, progress=progress)
