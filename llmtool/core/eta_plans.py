@@ -265,3 +265,17 @@ def bench_agent(shape: Shape, episodes: int, rounds: int, max_new_tokens: int) -
     return [forward("prompts", turns * ctx, shape, ctx, ""),
             decode("turns", turns * max_new_tokens, 1, shape, ctx,
                    f"up to {episodes} episodes x {rounds} rounds x {max_new_tokens} tokens")]
+
+
+def mix_proxies(config: Any, domains: int) -> list[Stage]:
+    """select-data mix: the proxy models a mixer trains (DoReMi: reference + DRO proxy; RegMix: --proxies)."""
+    if not hasattr(config, "proxy_d_model"):
+        return []
+    shape = Shape.from_config({"hidden_size": config.proxy_d_model, "num_hidden_layers": config.proxy_layers,
+                               "num_attention_heads": config.proxy_heads, "vocab_size": config.proxy_vocab})
+    n = int(getattr(config, "proxies", 2))
+    batch = config.per_domain * domains if hasattr(config, "per_domain") else config.proxy_batch_size
+    tok = n * config.steps * batch * config.proxy_context
+    return [train("proxies", tok, shape, config.proxy_context, f"{n} proxies x {config.steps} steps x {batch} "
+                  f"sequences of {config.proxy_context} tokens"),
+            fixed("proxies", n * config.steps * 0.004, "")]

@@ -357,6 +357,9 @@ def mix(corpus: Corpus, config: MethodConfig,
     vocab = getattr(config, "proxy_vocab", 4096)
     data = build_domain_data([r["text"] for r in rows], labels, load_tokenizer(tokenizer), vocab=vocab,
                              val_fraction=getattr(config, "val_fraction", 0.1), seed=getattr(config, "mix_seed", 0))
+    from llmtool.core import eta_plans as plans
+
+    plans.announce(plans.mix_proxies(config, data.k), None, "select-data mix")
     res = run_mixer(config, data, progress=progress)
 
     def plain(v):  # JSON without NaN: a domain without held-out text has no validation loss (null)
