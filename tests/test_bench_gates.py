@@ -150,20 +150,25 @@ def test_bench_agent_base_ir_not_tested_when_the_base_model_never_acts():
     assert ba.base_ir_gate({"base_ir": {"ir": 3.0}, "base": acting})["verdict"] == gates.NOT_MET
 
 
-def test_select_data_largest_share_gate_not_tested_when_unattainable():
+def test_select_data_collapse_gate_not_tested_without_a_kmeans_collapse():
     sd = _bench("select_data")
 
-    def row(method, h, mx, mn):
-        return {"method": method, "norm_entropy": h, "max_share": mx, "min_share": mn, "mean_cos": 0.5}
+    def row(method, h, mx, top2, mn):
+        return {"method": method, "norm_entropy": h, "max_share": mx, "top2_share": top2, "min_share": mn,
+                "mean_cos": 0.5}
 
-    summary = [row("gem", 0.99, 0.047, 0.0175), row("movmf-em", 0.97, 0.08, 0.014), row("kmeans", 0.96, 0.078, 0.012)]
+    summary = [row("gem", 0.99, 0.047, 0.09, 0.0175), row("movmf-em", 0.97, 0.08, 0.15, 0.014),
+               row("kmeans", 0.96, 0.078, 0.15, 0.012)]
     g = sd.gem_gates(summary, 24)
-    assert g["max_share_le_half_kmeans"]["verdict"] == gates.NOT_TESTED  # 0.039 < 1/24: no partition meets it
+    assert g["collapse_top2_le_half_kmeans"]["verdict"] == gates.NOT_TESTED  # K-Means top-2 0.15 < 6/24
     assert g["entropy_ge_kmeans"]["verdict"] == gates.MET
     beside = g["entropy_ge_kmeans"]["measured"]["gem"]  # balance reported beside the coherence metrics
     assert beside["mean_cos"] == 0.5 and beside["silhouette_cos"] == "not measured"
-    collapsed = summary[:2] + [row("kmeans", 0.8, 0.30, 0.001)]
-    assert sd.gem_gates(collapsed, 24)["max_share_le_half_kmeans"]["verdict"] == gates.MET
+    collapsed = summary[:2] + [row("kmeans", 0.8, 0.30, 0.45, 0.001)]
+    assert sd.gem_gates(collapsed, 24)["collapse_top2_le_half_kmeans"]["verdict"] == gates.MET
+    half = summary[:2] + [row("kmeans", 0.8, 0.15, 0.26, 0.001)]  # collapsed (0.26 >= 0.25); GEM 0.14 > 0.13
+    half[0] = row("gem", 0.99, 0.1, 0.14, 0.0175)
+    assert sd.gem_gates(half, 24)["collapse_top2_le_half_kmeans"]["verdict"] == gates.NOT_MET
 
 
 def test_sysr_verdict_is_the_paired_difference_and_not_tested_without_errors():

@@ -104,20 +104,35 @@ def embed_minilm(texts: list[str], batch_size: int = 64, max_length: int = 128, 
 
 
 def embed_lm(model, tokenizer, texts: list[str], batch_size: int = 16, max_length: int = 128, progress=None):
-    """Mean-pooled last hidden state of a causal LM (the second embedder), float32 [N, D]."""
+    """Mean-pooled last hidden state of a causal LM (the second embedder), float32 [N, D], not normalised.
+
+    Texts are batched in order of token length (less padding; rows come back in input order) and only the
+    decoder body runs (its last hidden state, after the final norm, is what ``output_hidden_states`` returns
+    last; the LM head is not computed)."""
+    import numpy as np
     import torch
 
     dev = next(model.parameters()).device
-    chunks = []
-    starts = range(0, len(texts), batch_size)
-    loop = progress(starts, "embedding (LM)", total=len(starts)) if progress else starts
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token
+    body = getattr(model, getattr(model, "base_model_prefix", ""), None)
+    lengths = [len(ids) for ids in tokenizer(list(texts), truncation=True, max_length=max_length)["input_ids"]]
+    order = np.argsort(lengths, kind="stable")
+    out = np.zeros((len(texts), 0), dtype="float32")
+    starts = range(0, len(texts), batch_size)
+    loop = progress(starts, "embedding (LM)", total=len(starts)) if progress else starts
     with torch.no_grad():
         for i in loop:
-            enc = tokenizer(list(texts[i:i + batch_size]), padding=True, truncation=True, max_length=max_length,
+            idx = order[i:i + batch_size]
+            enc = tokenizer([texts[j] for j in idx], padding=True, truncation=True, max_length=max_length,
                             return_tensors="pt").to(dev)
-            h = model(**enc, output_hidden_states=True).hidden_states[-1].float()
+            if body is not None and body is not model:
+                h = body(**enc).last_hidden_state.float()
+            else:
+                h = model(**enc, output_hidden_states=True).hidden_states[-1].float()
             mask = enc["attention_mask"].unsqueeze(-1).float()
-            chunks.append(((h * mask).sum(1) / mask.sum(1).clamp_min(1)).cpu())
-    return torch.cat(chunks).numpy().astype("float32")
+            pooled = ((h * mask).sum(1) / mask.sum(1).clamp_min(1)).cpu().numpy()
+            if out.shape[1] == 0:
+                out = np.zeros((len(texts), pooled.shape[1]), dtype="float32")
+            out[idx] = pooled
+    return out
