@@ -216,6 +216,14 @@ def attack(
         if beta0 is None:
             beta0, calibration = _calibrated_beta0(config, ctx)
         ctx.bira = BiraConfig(beta0, config.beta_step, config.max_iter, config.percentile)
+    if ctx.paraphraser is not None:  # one rewrite of up to 150 tokens per text (BIRA retries degenerate ones)
+        from llmtool.core import eta_plans as plans
+
+        shape = plans.Shape.of(config.paraphraser)
+        plans.announce(plans.generation("rewrite", shape, len(texts), plans.prompt_tokens(
+            [{"prompt": t} for t in texts]) + 40, 150, getattr(config, "batch_size", 16),
+            f"rewrite {len(texts)} texts x up to 150 tokens" + (", more for retries" if method == "bira" else "")),
+            shape, "evade attack")
     info(f"attacking {len(texts)} texts with {method}")
     results = fn(texts, ctx)
     out_rows = [{**row, **res, "attack": method, "prompt_version": PROMPT_VERSION if method in
