@@ -69,21 +69,26 @@ def test_learn_program_keeps_raw_proposals(tmp_path):
     assert len(raw) == lp.RAW_KEPT == 10 and raw[3]["raw_text"] == "answer 3" and raw[0]["outcome"] == "no_code"
 
 
-def _cell(spike, val):
-    return {"loss_spike_score": (spike, 0.0), "val_loss": (val, 0.0)}
+def _cell(excess, val):
+    return {"excess_mean": (excess, 0.0), "val_loss": (val, 0.0)}
 
 
-def test_adagc_spike_gate_not_tested_on_ties_and_separates_arms_otherwise():
+def test_adagc_fault_gate_not_tested_on_an_unperturbed_or_already_clipped_arm_and_separates_otherwise():
+    # issue 43: 'spike score adagc <= global' passed on scores tied at 0 %; the gate is now the grad fault's loss
+    # excess, AdaGC below global clipping by a margin
     ad = _bench("train_adagc")
-    tied = {g["gate"]: g for g in ad.acceptance12_gates(_cell(0.0, 4.5), _cell(0.0, 4.5), _cell(0.0, 4.6))}
-    assert tied["spike score adagc < global"]["verdict"] == gates.NOT_TESTED  # was "met" (0 <= 0)
-    assert tied["adagc and global beat none (val)"]["verdict"] == gates.MET
-    same = {g["gate"]: g for g in ad.acceptance12_gates(_cell(2.0, 4.5), _cell(2.0, 4.5), _cell(5.0, 4.6))}
-    assert same["spike score adagc < global"]["verdict"] == gates.NOT_TESTED
-    worse = {g["gate"]: g for g in ad.acceptance12_gates(_cell(3.0, 4.5), _cell(1.0, 4.5), _cell(5.0, 4.6))}
-    assert worse["spike score adagc < global"]["verdict"] == gates.NOT_MET
-    better = {g["gate"]: g for g in ad.acceptance12_gates(_cell(0.0, 4.5), _cell(1.0, 4.5), _cell(5.0, 4.6))}
-    assert better["spike score adagc < global"]["verdict"] == gates.MET
+    name = f"grad-fault excess adagc < global - {ad.GATE_MARGIN:g}"
+    quiet = {g["gate"]: g for g in ad.acceptance12_gates(_cell(0.0, 4.5), _cell(0.0, 4.5), _cell(0.0, 4.6))}
+    assert quiet[name]["verdict"] == gates.NOT_TESTED
+    assert quiet["adagc and global beat none (val)"]["verdict"] == gates.MET
+    tie = {g["gate"]: g for g in ad.acceptance12_gates(_cell(0.005, 4.5), _cell(0.005, 4.5), _cell(0.02, 4.6))}
+    assert tie[name]["verdict"] == gates.NOT_MET
+    clipped = {g["gate"]: g for g in ad.acceptance12_gates(_cell(0.0, 4.5), _cell(0.005, 4.5), _cell(0.02, 4.6),
+                                                           target_rate=1.0)}
+    assert clipped[name]["verdict"] == gates.NOT_TESTED  # the fault tensor is clipped anyway: nothing tested
+    better = {g["gate"]: g for g in ad.acceptance12_gates(_cell(0.0, 4.5), _cell(0.005, 4.5), _cell(0.02, 4.6),
+                                                          target_rate=0.1)}
+    assert better[name]["verdict"] == gates.MET
 
 
 def _spurious(clip_frac, marker_clip, marker_no_clip):
