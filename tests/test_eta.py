@@ -173,3 +173,15 @@ def test_progress_prints_status_lines_without_a_tty(monkeypatch, capsys):
     console.OPTIONS.quiet = True
     assert list(console.progress(range(3), "layers")) == [0, 1, 2]
     assert "layers" not in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("value", ["x", {"a": 1}, [1], -5, 0, 10 ** 40, None, True])
+def test_hostile_config_values_never_fail_the_estimate(tmp_path, value):
+    import math
+
+    cfg = {"hidden_size": value, "num_hidden_layers": value, "intermediate_size": value, "vocab_size": value,
+           "num_attention_heads": value, "head_dim": value}
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    shape = plans.Shape.of(tmp_path)
+    est = eta.estimate(plans.ppl(shape, 1000, 128), CAL, shape.params)
+    assert math.isfinite(est["seconds"]) and est["seconds"] > 0

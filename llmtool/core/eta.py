@@ -107,13 +107,17 @@ class Shape:
     @classmethod
     def from_config(cls, cfg: dict, bytes_per_param: int = 4) -> "Shape":
         cfg = cfg.get("text_config", cfg) if isinstance(cfg.get("text_config"), dict) else cfg
-        h = int(cfg.get("hidden_size") or cfg.get("n_embd") or cfg.get("d_model") or 512)
-        layers = int(cfg.get("num_hidden_layers") or cfg.get("n_layer") or 1)
-        inter = int(cfg.get("intermediate_size") or 4 * h)
-        vocab = int(cfg.get("vocab_size") or 32000)
-        heads = int(cfg.get("num_attention_heads") or max(1, h // 64))
-        kv = int(cfg.get("num_key_value_heads") or heads)
-        hd = int(cfg.get("head_dim") or h // heads)
+
+        def num(value: Any, default: int) -> int:
+            return max(1, min(int(value or default), 1 << 24))  # a hostile 1e30 stays a finite estimate
+
+        h = num(cfg.get("hidden_size") or cfg.get("n_embd") or cfg.get("d_model"), 512)
+        layers = num(cfg.get("num_hidden_layers") or cfg.get("n_layer"), 1)
+        inter = num(cfg.get("intermediate_size"), 4 * h)
+        vocab = num(cfg.get("vocab_size"), 32000)
+        heads = num(cfg.get("num_attention_heads"), max(1, h // 64))
+        kv = num(cfg.get("num_key_value_heads"), heads)
+        hd = num(cfg.get("head_dim"), max(1, h // heads))
         attn = h * hd * heads * 2 + h * hd * kv * 2
         mlp = 3 * h * inter
         per_layer = attn + mlp
@@ -141,7 +145,11 @@ class Shape:
         from llmtool.core.console import OPTIONS
         from llmtool.core.models import resolve_model
 
-        return cls.from_config(read_config(resolve_model(model)), 2 if OPTIONS.dtype in ("float16", "bfloat16") else 4)
+        cfg = read_config(resolve_model(model))  # a missing/invalid config.json: the command's own one-line error
+        try:
+            return cls.from_config(cfg, 2 if OPTIONS.dtype in ("float16", "bfloat16") else 4)
+        except Exception:  # hostile values (strings, nested objects): the command refuses them; no estimate here
+            return cls(params=0.0, matmul_params=0.0, layers=1, hidden=1, intermediate=1, q_dim=1, kv_dim=1, vocab=1)
 
     def attn_flops(self, context: float) -> float:
         """Causal attention flops per token at ``context`` tokens (scores + weighted sum, averaged)."""
