@@ -341,7 +341,7 @@ def main() -> None:
     ap.add_argument("--env", default="grid-nav", help="PIPE env for the model rows")
     ap.add_argument("--oracle-tasks", type=int, default=50)
     ap.add_argument("--external-tasks", type=int, default=20, help="oracle episodes per real game (TWX, ScienceWorld)")
-    ap.add_argument("--only", default="", choices=["", "oracle", "pipe", "uh-model", "uh-scripted"],
+    ap.add_argument("--only", default="", choices=["", "oracle", "pipe", "uh-model", "uh-scripted", "control"],
                     help="rerun only this part (oracle table, the model rows of PIPE with --sft/--control, the "
                          "default model's or the scripted explorers' UltraHorizon rows); the other parts' results "
                          "are kept from the existing JSON")
@@ -380,6 +380,8 @@ def main() -> None:
         return only_uh_model(args)
     if args.only == "uh-scripted":
         return only_uh_scripted(args)
+    if args.only == "control":
+        return only_control(args)
 
     import torch
 
@@ -481,26 +483,7 @@ def main() -> None:
     else:
         gates["sft_experiment"] = gate("sft_experiment", False, precondition=False, reason="not run (pass --sft)")
     if args.control:
-        from llmtool.core.trainer import TrainArgs, sft
-
-        t0 = time.time()
-        ex = oracle_examples(env_name, args.train_tasks, args.seed, tok, args.history, aliases=True)
-        longest = max(len(tok(e["prompt"] + e["completion"], add_special_tokens=False)["input_ids"]) for e in ex)
-        targs = TrainArgs(lr=args.lr, max_steps=args.sft_steps, batch_size=args.sft_batch, max_length=max(384, longest + 8),
-                          warmup_ratio=0.05, seed=args.seed, logging_steps=10)
-        cmodel = load_model(path, dtype="float32", device="cpu")        # a fresh copy of the base model
-        info = sft(cmodel, tok, ex, targs)
-        r["control_sft"] = {"examples": len(ex), "train_loss": info["train_loss"], "steps": info["steps"],
-                            "longest": longest, "seconds": time.time() - t0}
-        cmodel.eval()
-        agent = HFAgent(str(path), model=cmodel, tokenizer=tok, max_new_tokens=args.max_new_tokens, stop=("\n",))
-        agent.uri = f"hf:{args.model}+control"
-        r["control_eval"] = eval_agent(env_name, agent, args.base_episodes, args.seed, args.history, work, "control",
-                                       args.max_rounds)
-        r["control_ir"] = ir_of(work, "control", env_name, args.seed)
-        phase[f"control_train_and_eval {env_name}"] = round(time.time() - t0, 1)
-        cir = r["control_ir"]
-        print(f"  control IR {cir['ir']:.2f} [{cir['ir_lo']:.2f},{cir['ir_hi']:.2f}]", flush=True)
+        run_control(args, r, work, phase)
     if args.control or env_name == ACCEPTANCE_ENV:
         gates["control_ir_in_[0.5,2]"] = control_ir_gate(r)
     wall = round(time.time() - t_start, 1)
@@ -511,6 +494,59 @@ def main() -> None:
     write(results)
     print(json.dumps(results["gates"], indent=1, default=str))
     print(f"total {wall:.0f} s")
+
+
+def run_control(args, r: dict, work: Path, phase: dict) -> None:
+    """The control agent: a fresh copy of the base model fine-tuned with the --sft settings on the same oracle
+    episodes shown under fresh random aliases per episode, evaluated like the fine-tuned agent."""
+    from llmtool.bench_agent.agents import HFAgent
+    from llmtool.core.models import load_model, load_tokenizer, resolve_model
+    from llmtool.core.trainer import TrainArgs, sft
+
+    env_name, path = args.env, resolve_model(args.model)
+    tok = load_tokenizer(path)
+    t0 = time.time()
+    ex = oracle_examples(env_name, args.train_tasks, args.seed, tok, args.history, aliases=True)
+    longest = max(len(tok(e["prompt"] + e["completion"], add_special_tokens=False)["input_ids"]) for e in ex)
+    targs = TrainArgs(lr=args.lr, max_steps=args.sft_steps, batch_size=args.sft_batch, max_length=max(384, longest + 8),
+                      warmup_ratio=0.05, seed=args.seed, logging_steps=10)
+    cmodel = load_model(path, dtype="float32", device="cpu")        # a fresh copy of the base model
+    info = sft(cmodel, tok, ex, targs)
+    r["control_sft"] = {"examples": len(ex), "train_loss": info["train_loss"], "steps": info["steps"],
+                        "longest": longest, "seconds": time.time() - t0, "train_tasks": args.train_tasks,
+                        "batch": args.sft_batch, "episodes": args.base_episodes}
+    print(f"  control SFT {len(ex)} examples, {info['steps']} steps, loss {info['train_loss']:.3f}, "
+          f"{time.time() - t0:.0f}s", flush=True)
+    cmodel.eval()
+    agent = HFAgent(str(path), model=cmodel, tokenizer=tok, max_new_tokens=args.max_new_tokens, stop=("\n",))
+    agent.uri = f"hf:{args.model}+control"
+    r["control_eval"] = eval_agent(env_name, agent, args.base_episodes, args.seed, args.history, work, "control",
+                                   args.max_rounds)
+    r["control_ir"] = ir_of(work, "control", env_name, args.seed)
+    phase[f"control_train_and_eval {env_name}"] = round(time.time() - t0, 1)
+    cir = r["control_ir"]
+    print(f"  control IR {cir['ir']:.2f} [{cir['ir_lo']:.2f},{cir['ir_hi']:.2f}]", flush=True)
+
+
+def only_control(args) -> None:
+    """``--only control``: train and evaluate the control agent alone; every other part is kept (the base and
+    fine-tuned rows of ``--env`` included)."""
+    import torch
+
+    torch.set_num_threads(args.threads)
+    results = previous_results()
+    work = Path(args.work or tempfile.mkdtemp(prefix="bench_agent_"))
+    r = results["pipe"].setdefault(args.env, {})
+    for k in ("control_sft", "control_eval", "control_ir"):
+        r.pop(k, None)
+    print(f"== control agent on {args.env} (other parts kept from the previous run)", flush=True)
+    run_control(args, r, work, results.setdefault("phase_seconds", {}))
+    r["control_command"] = (f"python benchmarks/bench_agent.py --only control --env {args.env} --sft-steps "
+                            f"{args.sft_steps} --train-tasks {args.train_tasks} --sft-batch {args.sft_batch} "
+                            f"--base-episodes {args.base_episodes} --max-rounds {args.max_rounds} --threads {args.threads}")
+    gates = results["gates"] if args.env == ACCEPTANCE_ENV else r.setdefault("checks", {})
+    gates["control_ir_in_[0.5,2]"] = control_ir_gate(r)
+    write(results)
 
 
 def dual_calls(evals: dict) -> int:
@@ -610,7 +646,8 @@ def write(results: dict) -> None:
         if "control_sft" in r:
             c = r["control_sft"]
             lines.append(f"- control SFT (random aliases per episode): {c['examples']} examples, {c['steps']} steps, "
-                         f"loss {c['train_loss']:.3f}, {c['seconds']:.0f} s")
+                         f"loss {c['train_loss']:.3f}, {c['seconds']:.0f} s of SFT"
+                         + (f"; run alone: `{r['control_command']}`" if r.get("control_command") else ""))
         elif env_name == ACCEPTANCE_ENV and "base" in r:
             lines.append("- control agent (SFT under random aliases): not run (CPU budget); `--control` runs it")
         for k, v in r.get("checks", {}).items():
