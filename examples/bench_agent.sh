@@ -25,7 +25,8 @@ for mode in none synonym obfuscate dual-ori-first dual-syn-first; do
 done
 llmtool bench-agent report "$W/model" -o "$W/model-report.json"
 
-# UltraHorizon: scripted explorer with the rule judge, CRNR vs sliding window
-llmtool bench-agent uh-run script:oracle "$W/uh-seq-crnr" --env seq --steps 20 --runs 8 --context crnr --window 40 --overwrite
-llmtool bench-agent uh-run script:random "$W/uh-seq-random" --env seq --steps 20 --runs 8 --context sliding --window 40 --overwrite
+# UltraHorizon: scripted explorers on the easier closed-menu variant with the rule judge (the default protocol,
+# a free-text report, needs an LLM judge: --judge openai:URL#MODEL), CRNR vs sliding window
+llmtool bench-agent uh-run script:infer "$W/uh-seq-crnr" --env seq --steps 20 --runs 8 --context crnr --window 40 --report menu --overwrite
+llmtool bench-agent uh-run script:random "$W/uh-seq-random" --env seq --steps 20 --runs 8 --context sliding --window 40 --report menu --overwrite
 llmtool bench-agent uh-score "$W/uh-seq-crnr" -o "$W/uh-seq-crnr.md"

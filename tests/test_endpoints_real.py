@@ -236,7 +236,7 @@ def test_bench_agent_ultrahorizon_run_through_the_server(served, tmp_path):
     before = served.chat_posts()
     code, out, err = run_cli("--json", "bench-agent", "uh-run", f"openai:{served.api}#{served.name}", tmp_path / "u",
                              "--env", "seq", "--steps", "1", "--runs", "1", "--context", "crnr", "--window", "3",
-                             "--max-new-tokens", "4")
+                             "--max-new-tokens", "4", "--report", "menu")
     assert code == 0, err
     s = json.loads(out)
     assert s["runs"] == 1 and s["score"]["mean"] == 0                 # a random tiny model never commits

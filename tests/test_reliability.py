@@ -236,7 +236,7 @@ MODEL_COMMANDS: dict[str, list[str]] = {
     "bench-agent run": ["bench-agent", "run", "hf:{model}", "{out}", "--env", "grid-nav", "--episodes", "1",
                         "--max-rounds", "1", "--max-new-tokens", "4"],
     "bench-agent uh-run": ["bench-agent", "uh-run", "hf:{model}", "{out}", "--env", "seq", "--steps", "2",
-                           "--runs", "1"],
+                           "--runs", "1", "--report", "menu"],
     "evaluate judge-sample": ["evaluate", "judge-sample", "--judge", "hf:{model}", "--pairs", "{pairs}", "--n", "2",
                               "--max-new-tokens", "2", "-o", "{out}"],
     "evaluate judge-self-agg": ["evaluate", "judge-self-agg", "--judge", "hf:{model}", "--pairs", "{pairs}",
