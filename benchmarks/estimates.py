@@ -133,6 +133,8 @@ def run_one(name: str, size: str, args: list[str], work: Path) -> dict:
     return {"command": name, "size": size, "argv": "llmtool --threads 1 " + shlex.join(args), "rc": p.returncode,
             "stderr_tail": p.stderr[-600:] if p.returncode else "", "printed": lines[0] if lines else None,
             "estimate_s": est["seconds"] if est else None, "stages": est["stages"] if est else None,
+            "idle_estimate_s": est.get("idle_seconds", est["seconds"]) if est else None,
+            "load_factor": est.get("load_factor") if est else None,
             "overhead_s": est["overhead_seconds"] if est else None, "params": est.get("params") if est else None,
             "calibration": est["calibration"] if est else None, "wall_s": round(wall, 2), "cpu_s": round(cpu, 2)}
 
@@ -191,7 +193,7 @@ def write(done: dict, command: str) -> None:
     for (name, size), r in sorted(done.items(), key=lambda kv: (order.get(kv[0][0], 99), kv[0][1] != "quick")):
         now = estimate_now(r)
         ok = r["rc"] == 0 and r.get("estimate_s")
-        row = {"command": name, "size": size, "estimate_s": r.get("estimate_s"),
+        row = {"command": name, "size": size, "estimate_s": r.get("estimate_s"), "load_factor": r.get("load_factor"),
                "estimate_now_s": round(now, 1) if now else None, "wall_s": r["wall_s"], "cpu_s": r["cpu_s"],
                "wall/estimate": round(r["wall_s"] / r["estimate_s"], 2) if ok else None,
                "cpu/estimate_now": round(r["cpu_s"] / now, 2) if ok and now else None, "rc": r["rc"]}
@@ -207,12 +209,15 @@ def write(done: dict, command: str) -> None:
                "within_2x_cpu": sum(0.5 <= x <= 2 for x in ratios), "with_ratio": len(ratios),
                "rows": rows, "records": records}
     (RESULTS / "estimates.json").write_text(json.dumps(summary, indent=2, default=str))
-    cols = ["command", "size", "estimate_s", "estimate_now_s", "wall_s", "cpu_s", "wall/estimate", "cpu/estimate_now"]
+    cols = ["command", "size", "estimate_s", "load_factor", "wall_s", "wall/estimate", "estimate_now_s", "cpu_s",
+            "cpu/estimate_now"]
     md = [f"# Start-time estimates vs measured time (`{command}`)", "",
           f"smollm2-135m, `--threads 1`, one process per run. {summary['within_2x_cpu']} of {len(ratios)} runs "
-          "have CPU time within 2x of the estimate. `estimate_s` is what the command printed at the time; "
-          "`estimate_now_s` the same stages under the constants now in `llmtool/core/eta.py` (fitted on these "
-          "runs: in-sample). Wall time includes waiting for a core on a shared machine; CPU time is what an idle "
+          "have CPU time within 2x of the idle estimate. `estimate_s` is what the command printed at the time "
+          "(the idle estimate times `load_factor`, the machine's load over its cores at the start; empty: a run "
+          "made before the load factor existed, printed the idle estimate); `estimate_now_s` is the idle "
+          "estimate of the same stages under the constants now in `llmtool/core/eta.py` (fitted on these runs: "
+          "in-sample). Wall time includes waiting for a core on a shared machine; CPU time is what an idle "
           "machine's wall time would be at one thread.", "",
           markdown_table([{c: r[c] for c in cols} for r in rows], cols), ""]
     (RESULTS / "estimates.md").write_text("\n".join(md))
