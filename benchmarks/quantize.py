@@ -107,10 +107,13 @@ def main(argv=None) -> None:
     base = load_model(src)
     calib = data_mod.calibration_batches(tok, args.calib_data, args.calib_samples, args.calib_seqlen, args.seed)
     ids = data_mod.tokenize(tok, data_mod.load_text(args.eval_data))
+    bos = data_mod.scoring_bos(tok)  # Gemma's windows start with its BOS, as `evaluate ppl` and compress.py score
     hidden = base.config.hidden_size
 
     def ppl(m):
-        return perplexity(m, ids, seqlen=args.seqlen, max_tokens=args.max_tokens).ppl
+        # one window at a time: the same sums, and a 262k vocabulary (Gemma 3) needs 1 GB of logits per window
+        return perplexity(m, ids, seqlen=args.seqlen, max_tokens=args.max_tokens, bos_token_id=bos,
+                          batch_size=1).ppl
 
     def size_of(m, cfg, rotated, rank):
         """Bytes of the tensors the checkpoint stores (safetensors adds only a small JSON header)."""
@@ -169,7 +172,7 @@ def main(argv=None) -> None:
             losses = rsq.learn_rotations(m0, rot, calib, cfg)
             train_s = time.perf_counter() - t
             for rank in ranks_here:
-                m = copy.deepcopy(m0)
+                m = m0 if rank == ranks_here[-1] else copy.deepcopy(m0)   # the last rank fuses m0 itself
                 t = time.perf_counter()
                 R.fuse(m, rot)
                 terr = install_low_rank_transitions(m, rot, rank)

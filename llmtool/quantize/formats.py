@@ -13,7 +13,9 @@ compressed-tensors' little-endian int32 words; int3: 8 codes in 3 bytes), ``P.we
 Embedding and lm_head are fp16, norms float32 (all ones after gain folding), and ReSpinQuant adds
 ``model.layers.{i}.attn_transition.{basis,core}`` / ``mlp_transition.{basis,core}`` (float32); a rotated
 Gemma (``post_norm_rotation: true``) stores each sandwich post-norm as ``...{post_attention,post_feedforward}
-_layernorm.norm.weight`` plus its online ``rotation`` [D, D] (float32).
+_layernorm.norm.weight`` plus its online ``rotation`` [D, D] (float32), and (``pre_norm_gain_online: true``)
+each pre-norm as ``...{input,pre_feedforward}_layernorm.norm.weight`` (unit gain) plus its online
+``rotation`` ``Rᵀ diag(g) R`` [D, D] (float32).
 The file is not servable by vLLM (the transitions and the online Hadamard need llmtool's modules);
 ``llmtool.load(dir)`` rebuilds the model and reproduces the in-memory quantized model exactly.
 """
@@ -49,6 +51,9 @@ def quant_block(cfg, rotated: bool, rank: int | None, model_config) -> dict:
         # sandwich post-norms (Gemma) under a rotation: each post-norm output is rotated online
         # (``...post_attention_layernorm.{norm.weight,rotation}``, ``...post_feedforward_layernorm.{...}``)
         "post_norm_rotation": bool(rotated and _post_norms(model_config)),
+        # and each pre-norm keeps its gain online: unit-gain norm, then ``Rᵀ diag(g) R``
+        # (``...{input,pre_feedforward}_layernorm.{norm.weight,rotation}``)
+        "pre_norm_gain_online": bool(rotated and _post_norms(model_config)),
     }
 
 
@@ -95,7 +100,8 @@ def build_structure(model, block: dict) -> None:
     """Give a freshly built HF model the llmtool_quant modules described by ``block``."""
     from llmtool.core import arch
     from llmtool.quantize.modules import (LowRankTransition, QuantExperts, QuantLinear, enable_kv_quant,
-                                          install_post_norm_rotations, install_transitions)
+                                          install_post_norm_rotations, install_pre_norm_matrices,
+                                          install_transitions)
 
     w, a, kv = block["weights"], block["activations"], block["kv_cache"]
     had = block["online_hadamard"]["down_proj_input"]
@@ -129,6 +135,9 @@ def build_structure(model, block: dict) -> None:
         if block.get("post_norm_rotation"):
             eye = torch.eye(hidden)
             install_post_norm_rotations(layer, eye, eye)
+        if block.get("pre_norm_gain_online"):
+            eye = torch.eye(hidden)
+            install_pre_norm_matrices(layer, eye, eye)
     if kv["bits"] < 16:
         enable_kv_quant(model, decoder_layers(model), kv["bits"], kv["group_size"])
 

@@ -301,9 +301,11 @@ class DenseTransition(nn.Module):
 
 
 class RotatedNorm(nn.Module):
-    """A sandwich post-norm followed by an online rotation: ``x ↦ norm(x) R`` (Gemma 2/3 under a rotating
-    method; see :mod:`llmtool.quantize.rotations`). ``rotation`` is a buffer [D, D] (float32), or a tensor set
-    from outside while rotations are learned."""
+    """A norm followed by an online D×D product: ``x ↦ norm(x) R`` (Gemma 2/3 under a rotating method; see
+    :mod:`llmtool.quantize.rotations`). On a sandwich post-norm ``R`` is the rotation into the stream's basis;
+    on a pre-norm (unit gain) it is ``Rᵀ diag(g) R``, the norm's own gain applied in the original basis.
+    ``rotation`` is a buffer [D, D] (float32), or ``live``, a tensor set from outside while rotations are
+    learned."""
 
     def __init__(self, norm: nn.Module, rotation: torch.Tensor):
         super().__init__()
@@ -327,6 +329,29 @@ def install_post_norm_rotations(layer: nn.Module, r_attn: torch.Tensor, r_mlp: t
             norm.rotation.copy_(r.detach().float())
         else:
             arch.set_module(layer, path, RotatedNorm(norm, r))
+
+
+def install_pre_norm_matrices(layer: nn.Module, m_in: torch.Tensor, m_ff: torch.Tensor) -> None:
+    """Wrap (or update) the block's two pre-norms (attention input, MLP input) in :class:`RotatedNorm` with the
+    online matrices ``m_in`` / ``m_ff`` (sandwich-norm families under a rotation: the gain stays online)."""
+    from llmtool.core import arch
+
+    spec = arch.arch_of_layer(layer)
+    for path, m in ((spec.input_norm, m_in), (spec.post_attention_norm, m_ff)):
+        norm = layer.get_submodule(path)
+        if isinstance(norm, RotatedNorm):
+            norm.rotation.copy_(m.detach().float())
+        else:
+            arch.set_module(layer, path, RotatedNorm(norm, m))
+
+
+def pre_norm_matrices(layer: nn.Module) -> tuple[RotatedNorm, RotatedNorm] | None:
+    """The block's two pre-norm wrappers installed by :func:`install_pre_norm_matrices`, else None."""
+    from llmtool.core import arch
+
+    spec = arch.arch_of_layer(layer)
+    mods = tuple(layer.get_submodule(p) for p in (spec.input_norm, spec.post_attention_norm))
+    return mods if all(isinstance(m, RotatedNorm) for m in mods) else None
 
 
 def _transition_forward(self, hidden_states, **kwargs):

@@ -43,7 +43,7 @@ from llmtool.kernels.hadamard import hadamard_transform
 from llmtool.quantize import rotations as R
 from llmtool.quantize.configs import QuantConfig, RotationTrainingConfig
 from llmtool.quantize.modules import (DenseTransition, disable_kv_quant, enable_kv_quant, install_post_norm_rotations,
-                                      install_transitions, remove_transitions)
+                                      install_transitions, pre_norm_matrices, remove_transitions)
 from llmtool.quantize.quantizers import fake_quant_act_ste, fake_quant_weight_ste
 
 
@@ -148,6 +148,10 @@ def training_view(model, rot: R.RotationSet, cfg: QuantConfig):
             layer.attn_transition.matrix, layer.mlp_transition.matrix = t_attn, t_ffn
             if R.post_norms(model):
                 arch.attn_out_norm(layer).live, arch.mlp_out_norm(layer).live = rot.r2(i), rot.r1(i + 1)
+            pre = pre_norm_matrices(layer)
+            if pre is not None:   # the pre-norm gains diag(g) (rotations.prepare), in the learned bases
+                for m, r in zip(pre, (rot.r1(i), rot.r2(i))):
+                    m.live = r.T @ (m.rotation.to(r.dtype) @ r)
 
     try:
         yield refresh
@@ -158,6 +162,8 @@ def training_view(model, rot: R.RotationSet, cfg: QuantConfig):
             remove_transitions(layer)
             for path in (spec.attn_out_norm, spec.mlp_out_norm) if R.post_norms(model) else ():
                 arch.set_module(layer, path, layer.get_submodule(path).norm)   # fuse() installs the final ones
+            for pre in pre_norm_matrices(layer) or ():
+                pre.live = None   # the pre-norm wrappers stay (diag(g)); fuse() conjugates them
             for role, lin in keep.items():
                 if role == "experts":
                     arch.set_module(layer, spec.experts.path, lin)

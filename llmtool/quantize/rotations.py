@@ -29,8 +29,17 @@ stream's basis: ``N(y) R2[i]`` after attention, ``N(y) R1[i+1]`` after the MLP
 rotated (q/k/v and gate/up read the rotated normalised stream, o_proj reads R3-rotated values, down_proj
 the Hadamard-rotated activations), which is what the quantizers need; the extra cost is two D×D
 products per layer. The pre-norms (input, pre-feedforward, final) are RMSNorms of the rotated stream and
-commute once their gains are folded. q/k norms (Qwen3, Gemma 3) act on head_dim after the projection and
+commute once their gains are taken out. q/k norms (Qwen3, Gemma 3) act on head_dim after the projection and
 before RoPE: no rotation crosses them.
+
+Pre-norm gains of the sandwich-norm families are not folded into the readers [derived here]: Gemma 3's
+residual stream carries a few massive channels, and its pre-norm gains ``1 + w`` are near zero exactly there
+(0 to 60 within one norm), so ``N(x) = n(x) ⊙ g`` is much smaller than the unit-gain ``n(x)`` (norm √D).
+Folded into ``W diag(g)``, a 4-bit weight error multiplies ``n(x)`` whole and swamps the small signal:
+measured on gemma3-270m, folding alone (no rotation, RTN W4A16) takes perplexity from 118 to 5.5e9. So the
+pre-norms run with unit gain and an online ``Rᵀ diag(g) R`` after them (:func:`prepare` installs
+``diag(g)``, :func:`fuse` conjugates it with ``R1[i]`` / ``R2[i]``; one more D×D product per pre-norm),
+and the readers hold ``W R`` unscaled. The final norm's gain is still folded into lm_head (kept in float).
 
 Transition approximation (ReSpinQuant §3.5): Q = top-r left singular vectors of ``ΔT = T − I``,
 ``R̂ = polar(Qᵀ T Q)``, ``T̂ = I + Q (R̂ − I) Qᵀ`` (orthogonal whenever QᵀQ = I); stored as
@@ -81,7 +90,8 @@ def polar(m: torch.Tensor) -> torch.Tensor:
 
 @torch.no_grad()
 def prepare(model) -> None:
-    """Untie lm_head, fold RMSNorm gains into the following Linears (in place)."""
+    """Untie lm_head, fold RMSNorm gains into the following Linears (in place); sandwich-norm families keep
+    their pre-norm gains online instead (``diag(g)`` after a unit-gain norm, see the module docstring)."""
     check_supported(model)
     emb, lm_head = arch.embed(model), arch.lm_head(model)
     if lm_head.weight.data_ptr() == emb.weight.data_ptr():
@@ -90,7 +100,17 @@ def prepare(model) -> None:
     if hasattr(model, "_tied_weights_keys"):
         model._tied_weights_keys = None
     spec = arch.arch_of(model)
-    for layer in decoder_layers(model):
+    online = online_pre_norm_gains(model)
+    if online:   # sandwich-norm families: the pre-norm gains stay online (module docstring)
+        from llmtool.quantize.modules import install_pre_norm_matrices
+
+        for layer in decoder_layers(model):
+            gains = []
+            for norm in (arch.input_norm(layer), arch.post_attention_norm(layer)):
+                gains.append(torch.diag(arch.norm_gain(norm, spec).detach().float()))
+                arch.set_unit_gain(norm, spec)
+            install_pre_norm_matrices(layer, *gains)
+    for layer in decoder_layers(model) if not online else ():
         for norm, roles in ((arch.input_norm(layer), ("q", "k", "v")),
                             (arch.post_attention_norm(layer), ("gate", "up"))):
             g = arch.norm_gain(norm, spec).detach().clone()   # (1 + w) for Gemma-style norms
@@ -181,6 +201,12 @@ def post_norms(model_or_config) -> bool:
     the original basis and the rotation is applied online after the post-norm."""
     spec = arch.arch_of(model_or_config)
     return bool(spec.attn_out_norm or spec.mlp_out_norm)
+
+
+def online_pre_norm_gains(model_or_config) -> bool:
+    """Whether :func:`prepare` keeps the pre-norm gains online instead of folding them into the readers (the
+    sandwich-norm families, whose pre-norm gains are near zero on the stream's massive channels)."""
+    return post_norms(model_or_config)
 
 
 def layer_weights(orig: dict[str, torch.Tensor], rot: RotationSet, i: int, cfg) -> dict[str, torch.Tensor]:
@@ -276,12 +302,19 @@ def fuse(model, rot: RotationSet) -> None:
     if post_norms(model):
         from llmtool.quantize.modules import install_post_norm_rotations
 
+        from llmtool.quantize.modules import install_pre_norm_matrices, pre_norm_matrices
+
         for i, layer in enumerate(layers):
             install_post_norm_rotations(layer, rot64.r2(i), rot64.r1(i + 1))
-    emb = arch.embed(model).weight
-    emb.copy_((emb.double() @ rot64.r1(0)).to(emb.dtype))
-    lm = arch.lm_head(model).weight
-    lm.copy_((lm.double() @ rot64.r1(len(layers))).to(lm.dtype))
+            pre = pre_norm_matrices(layer)
+            if pre is not None:   # the pre-norm gains diag(g) (from prepare) move into the stream's bases
+                m_in, m_ff = (m.rotation.double() for m in pre)
+                r1, r2 = rot64.r1(i), rot64.r2(i)
+                install_pre_norm_matrices(layer, r1.T @ m_in @ r1, r2.T @ m_ff @ r2)
+    # embedding / lm_head rows in chunks: a float64 copy of a 262k-row table (Gemma 3) would add 2.7 GB
+    for w, r in ((arch.embed(model).weight, rot64.r1(0)), (arch.lm_head(model).weight, rot64.r1(len(layers)))):
+        for s in range(0, w.shape[0], 16384):
+            w[s:s + 16384] = (w[s:s + 16384].double() @ r).to(w.dtype)
 
 
 class CayleySGD:
