@@ -20,12 +20,18 @@ pairwise accuracy. Writes benchmarks/results/evaluate_judge_real.{json,md} and t
 
     python benchmarks/evaluate_judge_real.py                     # ~15-20 min on a busy 2-core CPU
     python benchmarks/evaluate_judge_real.py --items 16 --n 4 --self-agg-items 4 --dry   # smoke run
+    python benchmarks/evaluate_judge_real.py --model qwen2.5-coder-0.5b --items 48      # another judge
+
+With a ``--model`` other than smollm2-135m the results stem is ``evaluate_judge_real-<model>`` (e.g.
+``evaluate_judge_real-qwen2-5-coder-0-5b``), so the SmolLM2 results are kept; ``--stem`` names it.
 """
 from __future__ import annotations
 
 import argparse
 import json
 import re
+import shlex
+import sys
 import time
 from pathlib import Path
 
@@ -36,6 +42,15 @@ from llmtool.core.intervals import wilson
 
 RESULTS = Path(__file__).resolve().parent / "results"
 STEM = "evaluate_judge_real"
+DEFAULT_MODEL = "smollm2-135m"
+
+
+def stem_of(model: str) -> str:
+    """The results stem of a judge model: the default keeps ``STEM``; dots and separators become '-'."""
+    if model == DEFAULT_MODEL:
+        return STEM
+    name = re.sub(r"[^A-Za-z0-9]+", "-", Path(model.rstrip("/")).name).strip("-").lower()
+    return f"{STEM}-{name or 'model'}"
 SENT = re.compile(r"(?<=[.!?])\s+(?=[A-Z\"'])")
 
 
@@ -169,9 +184,46 @@ def _fmt_rows(rows: list[dict]) -> list[dict]:
 
 # ------------------------------------------------------------------ main
 
+def reading(summary: dict, per_vote: dict, by: dict, same_as_tie: bool) -> str:
+    """The md's reading, from the measured numbers (a better-than-chance judge reads differently from one at
+    chance): single-vote accuracy over both orders with a Wilson interval, position bias, and which
+    aggregators' label-accuracy intervals lie above the always-tie reference."""
+    ns = [per_vote.get(f"single_vote_n_{o}") or 0 for o in ("AB", "BA")]
+    accs = [per_vote.get(f"single_vote_acc_{o}") or 0.0 for o in ("AB", "BA")]
+    n = sum(ns)
+    k = round(sum(a * m for a, m in zip(accs, ns)))
+    lo, hi = wilson(k, n) if n else (float("nan"), float("nan"))
+    signal = n > 0 and lo > 0.5
+    fs = [summary["first_slot_share_AB"], summary["first_slot_share_BA"]]
+    biased = all(f is not None and f >= 0.65 for f in fs) or all(f is not None and f <= 0.35 for f in fs)
+    tie = by["always-tie"]["label_acc"]
+    above = [m for m, r in by.items() if m != "always-tie" and r["label_acc_ci"][0] > tie]
+    text = (f"The judge parses {1 - summary['parse_failure_rate']:.0%} of its outputs (with budget forcing) and picks "
+            f"the first slot in {fs[0]:.0%} (AB) / {fs[1]:.0%} (BA) of its valid votes"
+            + (": a position bias. " if biased else ". ")
+            + f"Its single-vote accuracy on decided items is {accs[0]:.2f} (AB) and {accs[1]:.2f} (BA), "
+            f"{k}/{n} = {k / max(n, 1):.2f} over both orders (Wilson 95 % [{lo:.2f}, {hi:.2f}]): "
+            + ("above chance. " if signal else "not distinguishable from chance. "))
+    if above:
+        text += (f"Label accuracy above the always-tie reference ({tie:.3f}, lower bound of the Wilson interval "
+                 f"above it): {', '.join(above)}. ")
+    else:
+        text += (f"No aggregator's label-accuracy interval lies above the always-tie reference ({tie:.3f}). ")
+    if same_as_tie:
+        text += ("BTD's MAE is exactly that of the constant 'always tie' prediction: the per-task fit finds tau at "
+                 "its lower bound and the calibration predicts the MAE-optimal median, tie, for (almost) every "
+                 "item -- the fallback for an uninformative judge, not evidence that BTD extracts signal. ")
+    if not signal:
+        text += ("This benchmark measures the pipeline end to end on a real model; the paper's claim needs a judge "
+                 "that is better than chance (API or GPU).")
+    return text
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--model", default="smollm2-135m")
+    ap.add_argument("--model", default=DEFAULT_MODEL)
+    ap.add_argument("--stem", default=None, help="results stem under benchmarks/results (default "
+                    "evaluate_judge_real, or evaluate_judge_real-<model> for another --model)")
     ap.add_argument("--items", type=int, default=96)
     ap.add_argument("--n", type=int, default=8)
     ap.add_argument("--reasoning", type=int, default=24, help="max new (thinking) tokens before forcing")
@@ -187,6 +239,7 @@ def main() -> None:
     ap.add_argument("--reuse", action="store_true", help="re-aggregate the saved votes (no sampling)")
     ap.add_argument("--dry", action="store_true", help="do not write results")
     args = ap.parse_args()
+    stem = args.stem or stem_of(args.model)
 
     import torch
 
@@ -196,8 +249,8 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     t0 = time.time()
     pairs, labels = build_pairs(args.items, args.seed)
-    votes_path = RESULTS / f"{STEM}.votes.jsonl"
-    selfagg_path = RESULTS / f"{STEM}.selfagg.jsonl"
+    votes_path = RESULTS / f"{stem}.votes.jsonl"
+    selfagg_path = RESULTS / f"{stem}.selfagg.jsonl"
     timing = {}
     model = tok = None
     if args.reuse:
@@ -281,6 +334,7 @@ def main() -> None:
         vv = [v for v in votes if v["order"] == order and v["rating"] is not None and v["id"] in decided]
         per_vote[f"single_vote_acc_{order}"] = (sum(np.sign(v["rating"]) == labels[v["id"]] for v in vv) / len(vv)
                                                 if vv else None)
+        per_vote[f"single_vote_n_{order}"] = len(vv)
     fits = {k: {"nu0": float(np.exp(f.log_nu0)), "tau": f.tau, "omega": f.omega,
                 "beta": run.calibrations[k].beta, "nu_h_hat": float(np.exp(run.calibrations[k].c)),
                 "gamma": run.calibrations[k].gamma} for k, f in run.fits.items()}
@@ -294,11 +348,11 @@ def main() -> None:
                           "tie": sum(v["rating"] == 0 for v in vv) / max(len(vv), 1),
                           "B": sum(v["rating"] < 0 for v in vv) / max(len(vv), 1)}
     timing["total_s"] = round(time.time() - t0, 1)
-    if args.reuse and (RESULTS / f"{STEM}.json").exists():   # keep the timing of the run that sampled the votes
-        timing = {**json.loads((RESULTS / f"{STEM}.json").read_text()).get("timing", {}),
+    if args.reuse and (RESULTS / f"{stem}.json").exists():   # keep the timing of the run that sampled the votes
+        timing = {**json.loads((RESULTS / f"{stem}.json").read_text()).get("timing", {}),
                   "reaggregated_s": timing["total_s"]}
     sa_fail = sum(r["rating"] is None for r in selfagg)
-    doc = {"config": vars(args), "pairs": len(pairs), "coverage": coverage, "votes": summary, **per_vote,
+    doc = {"command": "python benchmarks/evaluate_judge_real.py " + shlex.join(sys.argv[1:]), "config": vars(args), "pairs": len(pairs), "coverage": coverage, "votes": summary, **per_vote,
            "vote_shares_by_task": vote_shares, "calib_items": len(run.calib_idx),
            "test_items": len(run.test_idx), "fits": fits, "metrics": overall, "task_metrics": per_task,
            "self_agg": {"items": len(selfagg), "failures": sa_fail, "subset_metrics": subset_rows},
@@ -311,7 +365,7 @@ def main() -> None:
     if not args.reuse:
         votes_path.write_text("".join(json.dumps(v, ensure_ascii=False) + "\n" for v in votes))
         selfagg_path.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in selfagg))
-    (RESULTS / f"{STEM}.json").write_text(json.dumps(doc, indent=2, default=float) + "\n")
+    (RESULTS / f"{stem}.json").write_text(json.dumps(doc, indent=2, default=float) + "\n")
     md = [f"# Real judge: {args.model} on held-out Austen pairs", "",
           (f"{len(pairs)} pairs (2 tasks x {len(pairs) // 2}; 25 % ties), n = {args.n} votes per pair, temperature "
            f"{args.temperature}, --swap half, reasoning budget {args.reasoning} tokens then budget forcing "
@@ -337,22 +391,9 @@ def main() -> None:
                markdown_table(_fmt_rows(subset_rows)), ""]
     by = {r["method"]: r for r in overall}
     same_as_tie = abs(by["btd"]["mae"] - by["always-tie"]["mae"]) < 1e-9
-    acc = [per_vote[f"single_vote_acc_{o}"] for o in ("AB", "BA")]
-    md += ["## Reading", "",
-           (f"The judge parses {1 - summary['parse_failure_rate']:.0%} of its outputs (with budget forcing) and picks "
-            f"the first slot in {summary['first_slot_share_AB']:.0%} (AB) / {summary['first_slot_share_BA']:.0%} (BA) "
-            f"of its valid votes: a position bias, not a judgement. Its single-vote accuracy on decided items is "
-            f"{acc[0]:.2f} (AB) and {acc[1]:.2f} (BA), i.e. chance once --swap half mirrors the BA votes, and it almost "
-            f"never says tie. With no signal to aggregate, no method beats chance on label or pairwise accuracy "
-            f"(all intervals overlap). "
-            + ("BTD's lower MAE is exactly that of the constant 'always tie' prediction: the per-task fit finds "
-               "tau at its lower bound (no item-level preference) and the calibration then predicts the MAE-optimal "
-               "median, tie, for (almost) every item -- the right fallback for an uninformative judge, not evidence "
-               "that BTD extracts signal. " if same_as_tie else "")
-            + "This benchmark measures the pipeline end to end on a real model; the paper's claim needs a judge "
-              "that is better than chance (API or GPU)."), ""]
-    (RESULTS / f"{STEM}.md").write_text("\n".join(md))
-    print(f"wrote {RESULTS / STEM}.json/.md")
+    md += ["## Reading", "", reading(summary, per_vote, by, same_as_tie), ""]
+    (RESULTS / f"{stem}.md").write_text("\n".join(md))
+    print(f"wrote {RESULTS / stem}.json/.md")
 
 
 if __name__ == "__main__":
