@@ -46,12 +46,12 @@ M = "smollm2-135m"
 COMMANDS: dict[str, tuple[list[list[str]], dict[str, list[str]]]] = {
     "evaluate ppl": ([], {
         "quick": ["evaluate", "ppl", M, "--max-tokens", "1024"],
-        "large": ["evaluate", "ppl", M, "--max-tokens", "4096"]}),
+        "large": ["evaluate", "ppl", M, "--max-tokens", "3072"]}),
     "train pretrain": ([], {
         "quick": ["train", "pretrain", "{out}", "--steps", "20", "--batch-size", "4", "--max-length", "64",
                   "--val-blocks", "4"],
-        "large": ["train", "pretrain", "{out}", "--steps", "80", "--batch-size", "4", "--max-length", "128",
-                  "--val-blocks", "8"]}),
+        "large": ["train", "pretrain", "{out}", "--steps", "60", "--batch-size", "4", "--max-length", "64",
+                  "--val-blocks", "4"]}),
     "train sft": ([["example-data", "sft", "-o", "sft.jsonl", "--overwrite"]], {
         "quick": ["train", "sft", M, "{out}", "--data", "sft.jsonl", "--steps", "2", "--batch-size", "2",
                   "--max-length", "128"],
@@ -77,23 +77,23 @@ COMMANDS: dict[str, tuple[list[list[str]], dict[str, list[str]]]] = {
     "quantize quarot": ([], {
         "quick": ["quantize", "--method", "quarot", M, "{out}", "--calib-samples", "2", "--calib-seqlen", "128",
                   "--max-tokens", "512", "--seqlen", "256"],
-        "large": ["quantize", "--method", "quarot", M, "{out}", "--calib-samples", "8", "--calib-seqlen", "128",
-                  "--max-tokens", "2048", "--seqlen", "512"]}),
+        "large": ["quantize", "--method", "quarot", M, "{out}", "--calib-samples", "6", "--calib-seqlen", "128",
+                  "--max-tokens", "1536", "--seqlen", "256"]}),
     "quantize respinquant": ([], {
         "quick": ["quantize", "--method", "respinquant", M, "{out}", "--train-steps", "2", "--train-seqlen", "64",
                   "--calib-samples", "2", "--calib-seqlen", "64", "--no-eval"],
-        "large": ["quantize", "--method", "respinquant", M, "{out}", "--train-steps", "8", "--train-seqlen", "128",
-                  "--calib-samples", "4", "--calib-seqlen", "128", "--no-eval"]}),
+        "large": ["quantize", "--method", "respinquant", M, "{out}", "--train-steps", "6", "--train-seqlen", "128",
+                  "--calib-samples", "6", "--calib-seqlen", "64", "--no-eval"]}),
     "compress zs-svd": ([], {
         "quick": ["compress", "--method", "zs-svd", M, "{out}", "--ratio", "0.2", "--calib-samples", "2",
                   "--calib-seqlen", "128", "--grad-seqlen", "128"],
-        "large": ["compress", "--method", "zs-svd", M, "{out}", "--ratio", "0.2", "--calib-samples", "8",
-                  "--calib-seqlen", "256", "--grad-seqlen", "512"]}),
+        "large": ["compress", "--method", "zs-svd", M, "{out}", "--ratio", "0.2", "--calib-samples", "6",
+                  "--calib-seqlen", "128", "--grad-seqlen", "384"]}),
     "edit memit": ([], {
         "quick": ["edit", "--method", "memit", "--anchor", "forward", M, "counterfact-smollm2", "{out}", "--limit",
                   "1", "--mom2-samples", "768"],
         "large": ["edit", "--method", "memit", "--anchor", "forward", M, "counterfact-smollm2", "{out}", "--limit",
-                  "4", "--mom2-samples", "3072"]}),
+                  "3", "--mom2-samples", "2304"]}),
     "evade watermark": ([["evade", "prompts", "-o", "prompts.jsonl", "--n", "8", "--overwrite"]], {
         "quick": ["evade", "watermark", M, "prompts.jsonl", "-o", "{out}.jsonl", "--max-new-tokens", "20",
                   "--batch-size", "4"],
@@ -139,6 +139,25 @@ def run_one(name: str, size: str, args: list[str], work: Path) -> dict:
             "calibration": est["calibration"] if est else None, "wall_s": round(wall, 2), "cpu_s": round(cpu, 2)}
 
 
+def argv_of(name: str, size: str) -> str:
+    return "llmtool --threads 1 " + shlex.join(COMMANDS[name][1][size])
+
+
+def previous(path: Path) -> dict:
+    """Finished runs of the log whose command line is still the one in COMMANDS (the last one wins)."""
+    out = {}
+    if path.is_file():
+        for line in path.read_text().splitlines():
+            try:
+                r = json.loads(line)
+            except json.JSONDecodeError:
+                continue
+            name, size = r.get("command"), r.get("size")
+            if name in COMMANDS and size in COMMANDS[name][1] and r.get("argv") == argv_of(name, size):
+                out[(name, size)] = r
+    return out
+
+
 def estimate_now(rec: dict) -> float | None:
     """The estimate of the recorded stages under the constants now in llmtool/core/eta.py."""
     if not rec.get("stages"):
@@ -161,9 +180,8 @@ def main() -> None:
     if unknown:
         sys.exit(f"unknown command(s) {unknown}; choose from {list(COMMANDS)}")
     sizes = [s for s in a.sizes.split(",") if s]
-    log = RunLog(a.log, {"commands": {n: COMMANDS[n][1] for n in COMMANDS}, "threads": 1, "model": M},
-                 key=lambda r: (r["command"], r["size"]))
-    done = {} if a.fresh else log.done()
+    log = RunLog(a.log, {"threads": 1, "model": M}, key=lambda r: (r["command"], r["size"]))
+    done = {} if a.fresh else previous(Path(a.log))
     work = Path(tempfile.mkdtemp(prefix="llmtool-estimates-"))
     try:
         for name in names:

@@ -65,6 +65,9 @@ from typing import Any, Iterable
 
 # seconds per unit multipliers of each kind (see the module docstring for how they were fitted)
 K: dict[str, float] = {"forward": 1.6, "train": 2.0, "decode": 1.6, "linalg": 4.0, "fixed": 1.0}
+# per-stage multipliers on top of K[kind], fitted where a stage's real work differs from its nominal count
+# (benchmarks/estimates.py; see the module docstring)
+STAGE_K: dict[str, float] = {"whitening": 0.35, "targets": 0.3, "gptq": 2.3, "rotation training": 2.0}
 STARTUP_S = 6.0          # python + torch + transformers imports, argument checks
 LOAD_S_PER_BPARAM = 8.0  # reading and building a model, per 1e9 parameters
 
@@ -88,10 +91,11 @@ class Stage:
     bytes_per_unit: float = 0.0
 
     def seconds(self, cal: dict) -> float:
+        k = STAGE_K.get(self.name, 1.0)
         if self.kind == "fixed":
-            return K["fixed"] * self.units
+            return k * K["fixed"] * self.units
         t = max(self.flops_per_unit / cal["gemm_flops"], self.bytes_per_unit / cal["gemv_bytes"])
-        return K[self.kind] * self.units * t
+        return k * K[self.kind] * self.units * t
 
 
 # ------------------------------------------------------------------------------------------ model shape
