@@ -9,6 +9,10 @@ Accumulated in float64 on CPU (:class:`llmtool.core.calib.InputStatistics`), sto
 samples, seqlen, seed), so statistics of one model are never reused for another. A corpus given as a
 file is keyed by its content hash (a different file of the same name never reuses old statistics); an
 unreadable cache file is recomputed; a read-only ``$LLMTOOL_HOME`` only disables the cache.
+
+A tokenizer that starts every text with BOS (Gemma; ``prompts.bos_prefix``) gets each window as
+``[BOS] + window``, as its model always saw text (and as the edit prompts are encoded), and the BOS
+position counts in the statistics; the cache file name then ends in ``-bos``.
 """
 from __future__ import annotations
 
@@ -24,6 +28,7 @@ from llmtool.core.calib import input_statistics
 from llmtool.core.checkpoint import atomic_file
 from llmtool.core.console import info, progress
 from llmtool.core.data import calibration_batches
+from llmtool.edit.prompts import bos_prefix
 
 
 def stats_root() -> Path:
@@ -46,9 +51,11 @@ def _corpus_tag(corpus: str) -> str:
     return tag
 
 
-def _file(root: Path, fingerprint: str, layer: int, corpus: str, samples: int, seqlen: int, seed: int) -> Path:
+def _file(root: Path, fingerprint: str, layer: int, corpus: str, samples: int, seqlen: int, seed: int,
+          bos: bool = False) -> Path:
     tag = _corpus_tag(corpus)
-    return root / fingerprint / f"layer{layer}-{tag}-n{samples}-s{seqlen}-seed{seed}.safetensors"
+    suffix = "-bos" if bos else ""
+    return root / fingerprint / f"layer{layer}-{tag}-n{samples}-s{seqlen}-seed{seed}{suffix}.safetensors"
 
 
 @torch.no_grad()
@@ -56,6 +63,9 @@ def compute_second_moments(model, tok, layers: list[int], corpus: str = "austen-
                            seqlen: int = 256, seed: int = 0, batch_size: int = 4) -> dict[int, torch.Tensor]:
     n_windows = max(1, math.ceil(samples / seqlen))
     batches = calibration_batches(tok, corpus, n=n_windows, seqlen=seqlen, seed=seed)
+    bos = bos_prefix(tok)
+    if bos:
+        batches = torch.cat([torch.full((batches.shape[0], 1), bos[0], dtype=batches.dtype), batches], dim=1)
     device = next(model.parameters()).device
     names = {l: linear_names(model, roles=("down",))[l][0] for l in layers}
     with input_statistics(model, list(names.values()), device="cpu") as stats:
@@ -69,9 +79,10 @@ def second_moments(model, tok, layers: list[int], fingerprint: str, corpus: str 
                    ) -> dict[int, torch.Tensor]:
     """Cached ``C_l`` for every layer in ``layers`` (computed in one pass for the missing ones)."""
     root = Path(root) if root is not None else stats_root()
+    bos = bool(bos_prefix(tok))
     out, missing = {}, []
     for l in layers:
-        f = _file(root, fingerprint, l, corpus, samples, seqlen, seed)
+        f = _file(root, fingerprint, l, corpus, samples, seqlen, seed, bos)
         try:
             out[l] = load_file(str(f))["mom2"] if f.is_file() else None
         except Exception as e:  # a truncated or foreign file: recompute rather than fail
@@ -84,7 +95,7 @@ def second_moments(model, tok, layers: list[int], fingerprint: str, corpus: str 
         info(f"computing key second moments for layers {missing} ({samples} positions of {corpus})")
         fresh = compute_second_moments(model, tok, missing, corpus, samples, seqlen, seed)
         for l, c in fresh.items():
-            f = _file(root, fingerprint, l, corpus, samples, seqlen, seed)
+            f = _file(root, fingerprint, l, corpus, samples, seqlen, seed, bos)
             try:
                 f.parent.mkdir(parents=True, exist_ok=True)
                 with atomic_file(f) as tmp:

@@ -144,19 +144,77 @@ def compute_targets(model, tok, requests: list[EditRequest], cfg: EditConfig, te
     return {l: v.double().cpu() for l, v in forward_replay(model, tok, requests, z, layers).items()}, logs
 
 
+def post_norm_preimage(y: torch.Tensor, g: torch.Tensor, eps: float, Rs: torch.Tensor) -> torch.Tensor:
+    """The down_proj-output change ``y* − y`` (rows of ``y``, ``Rs``: [n, d]) that moves a post-norm MLP
+    contribution ``N(y) = g ⊙ y / sqrt(rms(y)² + ε)`` by ``Rs``, or, where no output reaches ``N(y) + Rs``,
+    the change to the closest reachable contribution.
+
+    [Derived here.] Write ``u = y* / sqrt(rms(y*)² + ε)``: ``N(y*) = g ⊙ u``, and ``u`` ranges over the
+    vectors with ``rms(u) < 1``. Let ``T = N(y) + Rs``, ``r = rms(y)``, ``ρ_y = r / sqrt(r² + ε)`` (the rms of
+    y's own normalised vector ``ŷ``), and ``u₀ = T / g`` on coordinates with ``g_i ≠ 0`` (0 where ``g_i = 0``:
+    those coordinates contribute nothing whatever ``y*_i`` is), ``ρ = rms(u₀)``.
+    * ``g`` has zero coordinates and ``ρ ≤ ρ_y``: fill them with ``α ŷ_i`` so that ``rms(u) = ρ_y`` and take
+      ``y* = r u / ρ_y`` (y's own scale; exact; ``Rs = 0`` gives ``y* = y``);
+    * else ``ρ < 1`` (by more than 1e-6): ``y* = c u₀ / ρ`` with ``c / sqrt(c² + ε) = ρ``, i.e.
+      ``c = ρ sqrt(ε / (1 − ρ²))`` (exact);
+    * else (unreachable, e.g. a gain near 0 divides a residual): the closest reachable contribution at y's
+      scale, ``argmin_u ‖g ⊙ u − T‖`` subject to ``rms(u) = ρ_y``, whose Lagrange condition gives
+      ``u_i = g_i T_i / (g_i² + μ)`` with the ``μ ≥ 0`` meeting the constraint (bisection: the rms falls as μ
+      grows); ``y* = r u / ρ_y``, so ``N(y*) = g ⊙ u``. MEMIT's remaining-residual ratio logs what stays
+      unreached.
+    Gemma 3 270M's checkpoint has post-feedforward gains exactly 0 in some coordinates (``1 + w``, ``w = −1``);
+    dividing by them made every Gemma edit NaN before this form."""
+    y, g, Rs = y.double(), g.double(), Rs.double()
+    r = y.pow(2).mean(-1, keepdim=True).sqrt()
+    y_hat = y / (r.pow(2) + eps).sqrt()              # N(y) = g ⊙ y_hat
+    T = g * y_hat + Rs
+    live = g != 0
+    u0 = torch.where(live, T / torch.where(live, g, torch.ones_like(g)), torch.zeros_like(T))
+    rho = u0.pow(2).mean(-1, keepdim=True).sqrt()
+    rho_y = r / (r.pow(2) + eps).sqrt()
+    # case 1: fill dead coordinates with y's own values at y's scale
+    dead_ms = torch.where(live, torch.zeros_like(y_hat), y_hat).pow(2).mean(-1, keepdim=True)
+    alpha = ((rho_y.pow(2) - rho.pow(2)).clamp(min=0) / dead_ms.clamp(min=1e-300)).sqrt()
+    u_fill = torch.where(live, u0, alpha * y_hat)
+    fill = (~live).any() & (rho <= rho_y) & (dead_ms > 0)
+    y_fill = r * u_fill / rho_y
+    # case 2: exact at the scale c
+    gap = (1 - rho.pow(2)).clamp(min=0)
+    exact = gap > 1e-6
+    c = rho * (eps / gap.clamp(min=1e-300)).sqrt()
+    y_exact = c * u0 / rho.clamp(min=1e-300)
+    # case 3: closest reachable point with rms(u) = ρ_y
+    gT, g2 = g * T, g * g
+
+    def rms_at(mu):
+        return (gT / (g2 + mu).clamp(min=1e-300)).pow(2).mean(-1, keepdim=True).sqrt()
+
+    lo, hi = torch.zeros_like(r), torch.ones_like(r)
+    for _ in range(200):                               # grow hi until rms(u(hi)) ≤ ρ_y
+        need = rms_at(hi) > rho_y
+        if not bool(need.any()):
+            break
+        hi = torch.where(need, hi * 4, hi)
+    for _ in range(100):
+        mid = (lo + hi) / 2
+        above = rms_at(mid) > rho_y
+        lo, hi = torch.where(above, mid, lo), torch.where(above, hi, mid)
+    u_p = gT / (g2 + hi).clamp(min=1e-300)
+    u_p = u_p * (rho_y / u_p.pow(2).mean(-1, keepdim=True).sqrt().clamp(min=1e-300))
+    y_proj = r * u_p / rho_y
+    y_star = torch.where(fill, y_fill, torch.where(exact, y_exact, y_proj))
+    return y_star - y
+
+
 @torch.no_grad()
 def through_post_norm(model, tok, requests: list[EditRequest], layer: int, Rs: torch.Tensor) -> torch.Tensor:
     """The down_proj-output residuals that move layer ``layer``'s output by ``Rs`` ([n, d_model]).
 
     Without a post-feedforward norm (Llama, Qwen, Phi-3) the down projection writes the residual
     stream directly and this is ``Rs``. With one (Gemma 2/3 sandwich norms, ``N(y) = g ⊙ y / rms_ε(y)``
-    with g = 1 + w) the MLP's contribution is ``N(y)``, so the target ``N(y) + Rs`` is mapped back to a
-    down_proj output [derived here]: ``t = (N(y) + Rs) / g`` must equal ``y* / sqrt(rms(y*)² + ε)``, so
-    ``y* = c · t / ρ`` with ``ρ = rms(t)`` and ``c / sqrt(c² + ε) = ρ``, i.e. ``c = ρ sqrt(ε / (1 − ρ²))``;
-    the residual is ``y* − y``. A target with ``ρ ≥ 1`` is unreachable (an RMSNorm output divided by its
-    gain has RMS below 1): when ``1 − ρ² ≤ 1e-6`` the scale is taken as y's RMS (N is scale-invariant there
-    to within ε / c²), so the edit hits the target's direction and MEMIT's logged remaining-residual ratio
-    measures the rest. Exact for reachable targets (tests/test_families.py)."""
+    with g = 1 + w) the MLP's contribution is ``N(y)``, and the target ``N(y) + Rs`` is mapped back to a
+    down_proj output by :func:`post_norm_preimage` (exact where reachable, else the closest reachable
+    contribution; tests/test_families.py, tests/test_edit_gemma.py)."""
     from llmtool.core import arch
 
     block = decoder_layers(model)[layer]
@@ -168,15 +226,7 @@ def through_post_norm(model, tok, requests: list[EditRequest], layer: int, Rs: t
     y = capture_at(model, batch, pos, [layer], "value")[layer].double().cpu()
     g = arch.norm_gain(norm, arch.arch_of_layer(block)).detach().double().cpu()
     eps = float(getattr(norm, "eps", getattr(norm, "variance_epsilon", 1e-6)))
-    r = y.pow(2).mean(-1, keepdim=True).sqrt()
-    t = (g * y / (r.pow(2) + eps).sqrt() + Rs.double()) / g
-    rho = t.pow(2).mean(-1, keepdim=True).sqrt()
-    # exact pre-image scale c (c / sqrt(c² + ε) = ρ) where well conditioned, else y's own RMS (N is then
-    # scale-invariant to within ε / c²)
-    gap = (1 - rho.pow(2)).clamp(min=0)
-    c = torch.where(gap > 1e-6, rho * (eps / gap.clamp(min=1e-300)).sqrt(), r)
-    y_star = c * t / rho
-    return (y_star - y).to(Rs.dtype)
+    return post_norm_preimage(y, g, eps, Rs).to(Rs.dtype)
 
 
 def edit_batch(model, tok, requests: list[EditRequest], cfg: EditConfig, templates: list[str],

@@ -14,6 +14,7 @@ Metrics (as in the forward-anchor spec §5; all in %, D_KL in nats):
 * Fluency GE = mean over generations of (1/3)·H₂ + (2/3)·H₃ (base-2 n-gram entropies) of greedy
   continuations of the generation prompts (the filled rewrite prompt when a request has none),
   ×100 as in the MEMIT papers (they report it ×1 of entropy in bits ×100/100; we keep bits×100).
+Prompts start with the tokenizer's BOS where it adds one (``prompts.encode_prompt``; Gemma).
 """
 from __future__ import annotations
 
@@ -23,7 +24,7 @@ from collections import Counter
 import torch
 
 from llmtool.core.console import progress
-from llmtool.edit.prompts import encode, pad_batch
+from llmtool.edit.prompts import encode, encode_prompt, pad_batch
 from llmtool.edit.requests import EditRequest
 
 TOPK = (1, 5, 10)
@@ -36,7 +37,7 @@ def pair_scores(model, tok, pairs: list[tuple[str, str]], chunk: int = 32) -> li
     device = next(model.parameters()).device
     items = []
     for prompt, target in pairs:
-        p, t = encode(tok, prompt), encode(tok, " " + target)
+        p, t = encode_prompt(tok, prompt), encode(tok, " " + target)
         items.append((p + t, len(p), t))
     out = []
     for s in range(0, len(items), chunk):
@@ -61,7 +62,7 @@ def next_token_logprobs(model, tok, prompts: list[str], chunk: int = 32) -> torc
     device = next(model.parameters()).device
     rows = []
     for s in range(0, len(prompts), chunk):
-        seqs = [encode(tok, p) for p in prompts[s:s + chunk]]
+        seqs = [encode_prompt(tok, p) for p in prompts[s:s + chunk]]
         batch = pad_batch(seqs, tok.pad_token_id or 0, device)
         logits = model(**batch).logits.float()
         last = torch.tensor([len(x) - 1 for x in seqs], device=device)
@@ -85,7 +86,7 @@ def greedy_generations(model, tok, prompts: list[str], max_new_tokens: int) -> l
     device = next(model.parameters()).device
     out = []
     for p in prompts:
-        ids = torch.tensor([encode(tok, p)], device=device)
+        ids = torch.tensor([encode_prompt(tok, p)], device=device)
         g = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_new_tokens, do_sample=False,
                            pad_token_id=tok.pad_token_id)
         out.append(tok.decode(g[0, ids.shape[1]:], skip_special_tokens=True))

@@ -7,6 +7,15 @@ them depends on the model: the papers' λ = 15000 (GPT-J, Llama-3-8B) leaves Smo
 unedited (0 % efficacy at 10 edits, ``benchmarks/results/edit-lambda15000.md``) while λ = 1500
 reaches 90–100 % (``benchmarks/results/edit.md``). Architectures without a measured preset get
 the papers' λ and early-middle layers scaled to the depth, and the manifest says so.
+
+Gemma 3 270M (18 layers): layers 1–5, chosen by the MEMIT papers' rule (edit the early-middle MLPs whose
+output at the subject's last token carries the fact, found by causal tracing). ``benchmarks/edit_trace.py``
+on 30 facts of ``counterfact-gemma3`` (subject embeddings noised, one 3-layer window of MLP outputs restored
+at a time; ``benchmarks/results/edit-trace-gemma3.md``) recovers P(true object) only through windows that
+contain layer 3 (windows centred on 2, 3, 4: +0.014, +0.026, +0.033; centred on 5 or later: ≤ +0.0014), so
+the five layers centred on layer 3 (1–5; 6–33 % of the depth, the papers' early-middle band) are edited.
+λ = 1500 is SmolLM2's measured value carried over, not swept on Gemma: a 1-edit pilot at λ = 1500 gave
+the forward anchor 100 % efficacy; ``benchmarks/results/edit-gemma3.md`` has the 10-edit rows.
 """
 from __future__ import annotations
 
@@ -25,6 +34,8 @@ class EditPreset:
 PRESETS = {
     ("llama", 576, 30): EditPreset("smollm2-135m", (3, 4, 5, 6, 7), 1500.0,
                                    "measured on SmolLM2-135M (benchmarks/edit.py)"),
+    ("gemma3_text", 640, 18): EditPreset("gemma3-270m", (1, 2, 3, 4, 5), 1500.0,
+                                         "layers by causal tracing (benchmarks/edit_trace.py); SmolLM2's λ"),
     ("llama", 4096, 32): EditPreset("llama3-8b", (4, 5, 6, 7, 8), 15000.0, "FE / AlphaEdit paper configs"),
     ("gptj", 4096, 28): EditPreset("gpt-j-6b", (3, 4, 5, 6, 7, 8), 15000.0, "MEMIT paper config"),
     ("gpt2", 1600, 48): EditPreset("gpt2-xl", (13, 14, 15, 16, 17), 20000.0, "MEMIT paper config"),

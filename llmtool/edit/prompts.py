@@ -5,6 +5,13 @@ Lookup index: the filled prompt is tokenized once with character offsets; the in
 token whose span starts before the end of the subject (robust to tokenizers that merge the
 leading space into the subject's first token). Tokenizers without offsets fall back to the
 length of the tokenized prefix ending at the subject.
+
+BOS: a tokenizer that puts a beginning-of-sequence token in front of every encoded text (Gemma, Llama 2/3;
+``llmtool.core.data.scoring_bos``) belongs to a model that never saw a prompt without it, so every prompt
+here (lookup sequences, rewriting prompts, metric prompts, template generation) starts with that BOS.
+Measured on Gemma 3 270M: without it the top next token after "The novel Hamlet was written by" is
+" him" (P(" William") < 0.03); with it, " William" at 0.66. Targets (``" " + target``) never get one.
+Tokenizers that add none (SmolLM2, Qwen2.5) encode exactly as before.
 """
 from __future__ import annotations
 
@@ -20,6 +27,19 @@ def encode(tok, text: str) -> list[int]:
     return tok(text, add_special_tokens=False)["input_ids"]
 
 
+def bos_prefix(tok) -> list[int]:
+    """``[bos_token_id]`` when the tokenizer starts every text with it, else ``[]``."""
+    from llmtool.core.data import scoring_bos
+
+    bos = scoring_bos(tok)
+    return [] if bos is None else [bos]
+
+
+def encode_prompt(tok, text: str) -> list[int]:
+    """A prompt's ids as the model saw text in training: ``bos_prefix`` + the text's ids."""
+    return bos_prefix(tok) + encode(tok, text)
+
+
 def subject_last_index(tok, prompt: str, subject: str) -> tuple[list[int], int]:
     """Token ids of ``prompt`` with its ``{}`` filled by ``subject``, and the index of the subject's
     last token."""
@@ -33,7 +53,8 @@ def subject_last_index(tok, prompt: str, subject: str) -> tuple[list[int], int]:
     except (NotImplementedError, ValueError, KeyError, TypeError):
         ids = encode(tok, text)
         idx = len(encode(tok, text[:end])) - 1
-    return ids, idx
+    bos = bos_prefix(tok)
+    return bos + ids, idx + len(bos)
 
 
 def pad_batch(seqs: list[list[int]], pad_id: int, device="cpu") -> dict:
@@ -53,7 +74,7 @@ def generate_templates(model, tok, seed: int, n_tokens: int = 10, top_k: int = 5
     g = torch.Generator().manual_seed(seed)
     out = ["{}"]
     for start in TEMPLATE_STARTS:
-        ids = encode(tok, start)
+        ids = encode_prompt(tok, start)
         for _ in range(n_tokens):
             logits = model(input_ids=torch.tensor([ids], device=device)).logits[0, -1].float().cpu()
             top = torch.topk(logits, top_k)
@@ -69,7 +90,8 @@ def cached_templates(model, tok, fingerprint: str, seed: int, cache_dir: Path | 
     across runs."""
     if cache_dir is None:
         return generate_templates(model, tok, seed)
-    path = Path(cache_dir) / fingerprint / f"templates-seed{seed}.json"
+    bos = "-bos" if bos_prefix(tok) else ""   # templates generated after a BOS are not those generated without
+    path = Path(cache_dir) / fingerprint / f"templates-seed{seed}{bos}.json"
     if path.is_file():
         return json.loads(path.read_text())
     templates = generate_templates(model, tok, seed)

@@ -136,7 +136,8 @@ def read_requests(path: str | Path) -> list[EditRequest]:
     return [parse_request(row, f"{path}:{i}") for i, row in iter_jsonl(path)]
 
 
-PACKAGED = {"counterfact-smollm2": Path(__file__).parent / "data" / "counterfact_smollm2.jsonl"}
+PACKAGED = {"counterfact-smollm2": Path(__file__).parent / "data" / "counterfact_smollm2.jsonl",
+            "counterfact-gemma3": Path(__file__).parent / "data" / "counterfact_gemma3.jsonl"}
 
 
 def resolve_requests(source: str | Path) -> Path:

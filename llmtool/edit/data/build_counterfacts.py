@@ -1,8 +1,10 @@
 """Builds ``counterfact_smollm2.jsonl``: counterfactual edit requests in CounterFact layout, written
-for this project (no third-party data). Each fact is kept only if the default model prefers the
+for this project (no third-party data). Each fact is kept only if the model prefers the
 true object over the counterfactual one (mean-token NLL), so edits change something it knows.
 
-Run: ``python -m llmtool.edit.data.build_counterfacts`` (needs the default model materialized).
+Run: ``python -m llmtool.edit.data.build_counterfacts`` (needs the default model materialized);
+``--model gemma3-270m`` writes ``counterfact_gemma3.jsonl`` (the same candidates, filtered by what
+Gemma 3 270M knows; prompts scored with its BOS, ``edit.prompts.encode_prompt``).
 Neighbourhood prompts are other subjects of the same relation with their own true answers,
 written in this project's extension ``"neighborhood": [{"prompt": ..., "target": ...}]``.
 """
@@ -100,13 +102,21 @@ def candidates(seed: int = 0) -> list[dict]:
     return rows
 
 
-def main() -> None:
+OUTPUTS = {"smollm2-135m": "counterfact_smollm2.jsonl", "gemma3-270m": "counterfact_gemma3.jsonl"}
+
+
+def main(argv: list[str] | None = None) -> None:
+    import argparse
+
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--model", default="smollm2-135m", choices=sorted(OUTPUTS))
+    args = ap.parse_args(argv)
     from llmtool.core.job import apply_threads
     from llmtool.core.models import load_model, load_tokenizer
     from llmtool.edit.metrics import target_nll
 
     apply_threads()  # the one thread policy: $LLMTOOL_THREADS
-    tok, model = load_tokenizer("smollm2-135m"), load_model("smollm2-135m")
+    tok, model = load_tokenizer(args.model), load_model(args.model)
     kept = []
     for row in candidates():
         rw = row["requested_rewrite"]
@@ -118,7 +128,7 @@ def main() -> None:
         if nll_true < nll_new:
             row["case_id"] = len(kept)
             kept.append(row)
-    out = Path(__file__).with_name("counterfact_smollm2.jsonl")
+    out = Path(__file__).with_name(OUTPUTS[args.model])
     out.write_text("".join(json.dumps(r) + "\n" for r in kept))
     print(f"kept {len(kept)} of {len(candidates())} candidate requests")
 
