@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import copy
 import json
+import sys
 import time
 from pathlib import Path
 
@@ -45,7 +46,6 @@ def main() -> None:
     apply_threads(args.threads)
 
     import llmtool.edit.alphaedit  # noqa: F401
-    from llmtool.core.console import markdown_table
     from llmtool.core.models import load_model, load_tokenizer, resolve_model, set_seed
     from llmtool.edit.anchors import ZConfig
     from llmtool.edit.metrics import evaluate_requests
@@ -56,6 +56,7 @@ def main() -> None:
     from llmtool.edit.memit import METHODS, EditConfig, compute_targets, edit_batch
     from llmtool.edit.requests import read_requests, resolve_requests
     from llmtool.edit.presets import preset_for
+    from llmtool.edit.prompts import bos_prefix
     from llmtool.edit.run import prepare
     from llmtool.core.checkpoint import read_config
 
@@ -86,6 +87,7 @@ def main() -> None:
     rows = [{"method": "unedited", "anchor": "-", "edits": n,
              **evaluate_requests(model, tok, reqs[:n], base, args.fluency_prompts, args.fluency_tokens)}
             for n in sizes]
+    write = _writer(args, rows, fp, layers, preset, sizes, templates, bool(bos_prefix(tok)))
     for method in args.methods.split(","):
         for anchor in ("backward", "forward"):
             for n in sizes:
@@ -105,10 +107,13 @@ def main() -> None:
                     for l in layers:
                         down_proj(model, l).weight.copy_(originals[l])
                 print(json.dumps({k: v for k, v in rows[-1].items() if not isinstance(v, list)}), flush=True)
+                write([], 0, [], complete=False)
 
     # keystone ablation
-    probe_ids = [tokenize(tok, r["text"]) for r in default_probes()]
-    eval_ids = [tokenize(tok, r["text"]) for r in default_eval_texts()]
+    # a tokenizer that starts every text with BOS (Gemma) gets it here too, as its model always saw text
+    bos = torch.tensor(bos_prefix(tok), dtype=torch.long)
+    probe_ids = [torch.cat([bos, tokenize(tok, r["text"])]) for r in default_probes()]
+    eval_ids = [torch.cat([bos, tokenize(tok, r["text"])]) for r in default_eval_texts()]
     fams = ["q", "k", "v", "o", "gate", "up", "ffn"]
     acts = probe_activations(model, probe_ids, fams)
     ranked = rank_neurons(acts, "worst-rank", "global", top=200)
@@ -126,24 +131,39 @@ def main() -> None:
                              sorted({n.family for n in ranked[:k]}))})
     total = sum(int(a.shape[1] * a.shape[2]) for a in acts.values())
 
-    out = {"model": args.model, "model_fingerprint": fp, "args": vars(args), "templates": templates,
-           "edit": rows, "keystone": key_rows, "keystone_candidates": total,
-           "top_keystone": [n.key for n in ranked[:10]]}
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    (RESULTS / f"{args.tag}.json").write_text(json.dumps(out, indent=1, default=str))
-    cols = ["method", "anchor", "edits", "efficacy_success", "efficacy_accuracy", "generalization_success",
-            "generalization_accuracy", "neighborhood_success", "specificity_kl", "top1_overlap", "top5_overlap",
-            "fluency", "final_residual_ratio", "seconds"]
-    md = ["# llmtool edit benchmark", "", f"Model `{args.model}`, edit set `{args.edits}`, layers {layers}, "
-          f"sizes {sizes}, seed {args.seed}. Command: `python benchmarks/edit.py "
-          + " ".join(f"--{k.replace('_', '-')} {v}" for k, v in vars(args).items() if k in ("sizes", "methods", "mom2_weight")) + "`",
-          "", markdown_table(rows, cols), "", "Remaining-residual ratio per edited layer:", "",
-          markdown_table([{"method": r["method"], "anchor": r["anchor"], "edits": r["edits"],
-                           "ratios": " ".join(map(str, r["residual_ratios"]))} for r in rows if "residual_ratios" in r]),
-          "", f"## Keystone ablation ({total} candidate neurons; perplexity on 4 held-out texts)", "",
-          markdown_table(key_rows)]
-    (RESULTS / f"{args.tag}.md").write_text("\n".join(md) + "\n")
-    print("\n".join(md))
+    write(key_rows, total, [n.key for n in ranked[:10]], complete=True)
+    print((RESULTS / f"{args.tag}.md").read_text())
+
+
+def _writer(args, rows, fp, layers, preset, sizes, templates, keystone_bos):
+    """Writes benchmarks/results/<tag>.json/.md; called after every edit row (marked partial) and at the end."""
+    from llmtool.core.console import markdown_table
+
+    command = "python benchmarks/edit.py " + " ".join(sys.argv[1:])
+
+    def write(key_rows, total, top, complete):
+        out = {"model": args.model, "model_fingerprint": fp, "command": command, "args": vars(args),
+               "complete": complete, "layers": layers, "preset": preset.name, "keystone_bos": keystone_bos,
+               "templates": templates, "edit": rows, "keystone": key_rows, "keystone_candidates": total,
+               "top_keystone": top}
+        RESULTS.mkdir(parents=True, exist_ok=True)
+        (RESULTS / f"{args.tag}.json").write_text(json.dumps(out, indent=1, default=str))
+        cols = ["method", "anchor", "edits", "efficacy_success", "efficacy_accuracy", "generalization_success",
+                "generalization_accuracy", "neighborhood_success", "specificity_kl", "top1_overlap", "top5_overlap",
+                "fluency", "final_residual_ratio", "seconds"]
+        md = ["# llmtool edit benchmark" + ("" if complete else " (PARTIAL: the run had not finished)"), "",
+              f"Model `{args.model}`, edit set `{args.edits}`, layers {layers}, "
+              f"λ = {args.mom2_weight:g}, key statistics from {args.mom2_samples} positions, sizes {sizes}, "
+              f"seed {args.seed}. Command: `{command}`",
+              "", markdown_table(rows, cols), "", "Remaining-residual ratio per edited layer:", "",
+              markdown_table([{"method": r["method"], "anchor": r["anchor"], "edits": r["edits"],
+                               "ratios": " ".join(map(str, r["residual_ratios"]))}
+                              for r in rows if "residual_ratios" in r])]
+        if key_rows:
+            md += ["", f"## Keystone ablation ({total} candidate neurons; perplexity on 4 held-out texts"
+                   + (", each text after BOS" if keystone_bos else "") + ")", "", markdown_table(key_rows)]
+        (RESULTS / f"{args.tag}.md").write_text("\n".join(md) + "\n")
+    return write
 
 
 if __name__ == "__main__":
