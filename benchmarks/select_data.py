@@ -53,11 +53,11 @@ def gem_corpus(n_fortunes: int, n_austen: int, n_synth: int, seed: int = 0) -> l
     return rows
 
 
-def corpus_embeddings(texts: list[str], embedder: str, lm_model: str, cache: bool = True) -> tuple[np.ndarray, float]:
+def corpus_embeddings(texts: list[str], embedder: str, lm_model: str, cache: bool = True) -> tuple[np.ndarray, float | None]:
     """Embeddings of the GEM corpus: ``minilm`` (all-MiniLM-L6-v2, mean pooled, L2-normalised) or ``lm`` (the
     causal LM's mean-pooled last hidden state, unnormalised: ``corpora.embed_lm``), max 128 tokens. Cached under
     ``$LLMTOOL_HOME/bench/`` keyed by the embedder and a hash of the texts (the LM pass is ~30 min on one CPU
-    thread); returns (embeddings, seconds spent embedding, 0 when read from the cache)."""
+    thread); returns (embeddings, seconds spent embedding, or None when they were read from the cache)."""
     import hashlib
 
     from llmtool.core.defaults import home
@@ -68,7 +68,7 @@ def corpus_embeddings(texts: list[str], embedder: str, lm_model: str, cache: boo
     path = home() / "bench" / f"select_data-{tag}-L128-{h}.npy"
     if cache and path.is_file():
         info(f"embeddings ({embedder}) read from {path}")
-        return np.load(path), 0.0
+        return np.load(path), None
     t = time.time()
     if embedder == "minilm":
         emb = embed_minilm(texts, batch_size=64)
@@ -174,7 +174,8 @@ def bench_gem(args) -> dict:
                                            for t in sorted(tax, key=lambda t: -t["share"])]
     summary = gem_summary(results, GEM_METHODS)
     return {"n_docs": len(rows), "embedders": list(args.embedders), "lm_model": args.lm_model,
-            "embed_seconds": {e: round(v, 1) for e, v in embed_s.items()}, "geometry": geometry,
+            "embed_seconds": {e: None if v is None else round(v, 1) for e, v in embed_s.items()},  # None: cached
+            "geometry": geometry,
             "student": "scikit-learn hashed word 1-2-grams + SGD log-loss (GEM spec Student B), 5-fold cross-fitted",
             "rows": results, "summary": summary, "gates": all_gem_gates(summary, args.k), "gem_taxonomy": tax_print}
 
