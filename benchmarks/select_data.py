@@ -467,7 +467,8 @@ def _pm(r: dict, key: str, nd: int = 3) -> str:
 
 def gem_markdown(g: dict, a: dict) -> list[str]:
     """The GEM part of the report: per embedder its geometry, the seed-mean table, the gates, then per-seed rows."""
-    summary = g.get("summary") or []
+    # the per-seed rows are the record: seed means are recomputed from them (older results stored fewer of them)
+    summary = gem_summary(g["rows"], GEM_METHODS) if g.get("rows") else (g.get("summary") or [])
     embedders = list(dict.fromkeys(r.get("embedder", "minilm") for r in summary)) or ["minilm"]
     tax = g.get("gem_taxonomy") or {}
     if isinstance(tax, list):  # results written before the embedder setting
