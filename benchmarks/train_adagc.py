@@ -157,9 +157,13 @@ def parse_args(argv=None):
                          "(adaptive updates) is below this")
     ap.add_argument("--regime-fault-step", type=int, default=None,
                     help="regime: first faulted update of the fault run (default: halfway between the end of the regime warm-up and --regime-steps)")
-    ap.add_argument("--regime-fault-accum", type=int, default=None,
-                    help="regime: accumulation of the fault run (default: the regime accumulation, else the "
-                         "swept one <= --regime-fault-max-accum with the lowest clip fraction)")
+    ap.add_argument("--regime-fault-accum", default=None,
+                    help="regime: accumulation(s) of the fault run, comma list (default: the regime accumulation, "
+                         "else the swept one <= --regime-fault-max-accum with the lowest clip fraction)")
+    ap.add_argument("--static-microbatches", type=int, default=64,
+                    help="regime: micro-batches whose gradients are taken at the base state (fixed weights) to "
+                         "measure the pure sampling noise of the per-tensor norms at each accumulation (bootstrap "
+                         "means of k of them); 0 skips it")
     ap.add_argument("--regime-fault-max-accum", type=int, default=16,
                     help="regime: largest accumulation the default fault run may use (compute)")
     ap.add_argument("--overhead-batch-size", type=int, default=1)
@@ -178,6 +182,10 @@ def parse_args(argv=None):
                          "and verdicts are re-judged; nothing is trained, the overhead timing is kept)")
     a = ap.parse_args(argv)
     a.accums = [int(x) for x in a.accums.split(",") if x]
+    if a.regime_fault_accum is not None:
+        a.regime_fault_accum = [int(x) for x in str(a.regime_fault_accum).split(",") if x]
+        if not set(a.regime_fault_accum) <= set(a.accums):
+            ap.error(f"--regime-fault-accum {a.regime_fault_accum}: each must be among --accums {a.accums}")
     if a.regime_fault_step is None:
         a.regime_fault_step = (a.regime_warmup + a.regime_steps) // 2 + 1
     if a.part == "regime" and not (a.regime_warmup + 2 <= a.regime_fault_step <= a.regime_steps):
@@ -909,6 +917,41 @@ def regime_row(run: dict, batch_size: int, max_length: int, lambda_rel: float, b
             "final_train_loss": run["final_train_loss"], "val_loss": run["val_loss"], "seconds": run["seconds"]}
 
 
+def sampling_noise(model, blocks: list[dict], ks: list[int], batch_size: int, draws: int = 200,
+                   seed: int = 0) -> dict:
+    """Per-tensor sd of log ||g|| from minibatch sampling alone, at the model's current (fixed) weights: the
+    gradients of ``len(blocks) // batch_size`` micro-batches are kept, and the gradient of an accumulation of k
+    micro-batches is the mean of k of them drawn with replacement (``draws`` draws per k). Returns
+    {k: {tensor: log-sd}}. The trajectory noise of a training run adds to this what the updates themselves do."""
+    import torch
+
+    from llmtool.train.adagc import unique_named_params
+
+    params = unique_named_params(model.named_parameters())
+    n = len(blocks) // batch_size
+    grads = {name: torch.empty(n, p.numel()) for name, p in params}
+    model.train()
+    for i in range(n):
+        ids = torch.tensor([b["input_ids"] for b in blocks[i * batch_size:(i + 1) * batch_size]])
+        model.zero_grad(set_to_none=True)
+        model(input_ids=ids, labels=ids).loss.backward()
+        for name, p in params:
+            grads[name][i] = p.grad.detach().reshape(-1).float()
+    model.zero_grad(set_to_none=True)
+    g = torch.Generator().manual_seed(seed)
+    out = {}
+    for k in ks:
+        idx = torch.randint(0, n, (draws, k), generator=g)
+        w = torch.zeros(draws, n)
+        w.scatter_add_(1, idx, torch.full((draws, k), 1.0 / k))
+        sd = {}
+        for name, G in grads.items():
+            norms = torch.cat([(w[j:j + 25] @ G).norm(dim=1) for j in range(0, draws, 25)])
+            sd[name] = float(norms.double().log().std())
+        out[k] = sd
+    return out
+
+
 def regime_key(r: dict) -> tuple:
     return (r.get("grad_accum"), r["arm"], r["fault"])
 
@@ -990,71 +1033,92 @@ def regime_main(a, argv) -> dict:
         # the accumulations the default fault run may use first, then the fault run, then the rest (the most
         # expensive): the fault run's accumulation depends only on the first group (a regime accumulation above
         # --regime-fault-max-accum is not used for it)
-        first = [k for k in a.accums if k <= a.regime_fault_max_accum or k == a.regime_fault_accum]
+        first = [k for k in a.accums if k <= a.regime_fault_max_accum or k in (a.regime_fault_accum or ())]
         for k in first:
             sweep_one(k)
         rows = rows_of(first)
         k_reg = regime_accum(rows, a.regime_threshold)
-        if a.regime_fault_accum is not None:
-            k_f, why = a.regime_fault_accum, "set by --regime-fault-accum"
+        if a.regime_fault_accum:
+            k_fs = [(k, "set by --regime-fault-accum") for k in a.regime_fault_accum]
         elif k_reg is not None:
-            k_f, why = k_reg, "the accumulation at which AdaGC enters its regime"
+            k_fs = [(k_reg, "the accumulation at which AdaGC enters its regime")]
         else:
-            k_f = min(rows, key=lambda r: (r["clip_fraction"], r["accum"]))["accum"]
-            why = (f"AdaGC enters its regime at no swept accumulation <= {a.regime_fault_max_accum} (the fault run's "
-                   "compute limit); the one with the lowest clip fraction instead")
-        if k_f not in sweep:
-            raise SystemExit(f"--regime-fault-accum {k_f} is not among --accums {a.accums}")
-        rates = sweep[k_f]["tensor_clip_rates"]
-        target = choose_fault_tensor(rates, list(sweep[k_f]["tensor_norms"]))
-        log(f"fault run at accumulation {k_f} ({why}); fault tensor {target} (AdaGC clip rate "
-            f"{100 * rates[target]:.0f} % before the fault)")
-        fa = rargs(k_f)
-        runs = {("adagc", "clean"): sweep[k_f]}
-        todo = []
-        for arm in ("none", "global", "adagc"):
-            for fault in ("clean", "grad"):
-                if (arm, fault) in runs:
-                    continue
-                if (k_f, arm, fault) in done and (fault == "clean" or done[(k_f, arm, fault)].get("grad_tensor") == target):
-                    runs[(arm, fault)] = done[(k_f, arm, fault)]
-                    continue
-                todo.append({"args": fa, "data": data, "threads": a.threads, "optimizer": "adamw", "arm": arm,
-                             "fault": fault, "seed": 1, "init": str(base), "grad_tensor": target})
-        ad = [j for j in todo if j["arm"] == "adagc"]
-        rest = [j for j in todo if j["arm"] != "adagc"]
-        for j in ad:  # forked from the sweep run's checkpoint before the fault when this command trained it
-            if k_f in ckpts and ckpts[k_f].is_dir():
-                j["resume"] = str(ckpts[k_f])
-            r = run_one(j)
-            runlog.append(r)
-            runs[("adagc", "grad")] = r
-            log(f"adagc grad: {r['seconds']:.0f}s")
-        for r in run_jobs(rest, 1, log, runlog=runlog, fork=True, work_dir=work / "fork"):
-            runs[(r["arm"], r["fault"])] = r
+            k_fs = [(min(rows, key=lambda r: (r["clip_fraction"], r["accum"]))["accum"],
+                     f"AdaGC enters its regime at no swept accumulation <= {a.regime_fault_max_accum} (the fault "
+                     "run's compute limit); the one with the lowest clip fraction instead")]
+        fault_runs, choices = {}, {}
+        for k_f, why in k_fs:
+            rates = sweep[k_f]["tensor_clip_rates"]
+            target = choose_fault_tensor(rates, list(sweep[k_f]["tensor_norms"]))
+            choices[k_f] = {"accum": k_f, "why": why, "rule": "lowest AdaGC clip rate over the adaptive updates "
+                            "before the fault in the clean run", "rates": rates, "chosen": target}
+            log(f"fault run at accumulation {k_f} ({why}); fault tensor {target} (AdaGC clip rate "
+                f"{100 * rates[target]:.0f} % before the fault)")
+            fa = rargs(k_f)
+            runs = fault_runs[k_f] = {("adagc", "clean"): sweep[k_f]}
+            todo = []
+            for arm in ("none", "global", "adagc"):
+                for fault in ("clean", "grad"):
+                    if (arm, fault) in runs:
+                        continue
+                    old = done.get((k_f, arm, fault))
+                    if old is not None and (fault == "clean" or old.get("grad_tensor") == target):
+                        runs[(arm, fault)] = old
+                        continue
+                    todo.append({"args": fa, "data": data, "threads": a.threads, "optimizer": "adamw", "arm": arm,
+                                 "fault": fault, "seed": 1, "init": str(base), "grad_tensor": target})
+            for j in [j for j in todo if j["arm"] == "adagc"]:
+                # forked from the sweep run's checkpoint before the fault when this command trained it
+                if k_f in ckpts and ckpts[k_f].is_dir():
+                    j["resume"] = str(ckpts[k_f])
+                r = run_one(j)
+                runlog.append(r)
+                runs[("adagc", "grad")] = r
+                log(f"adagc grad: {r['seconds']:.0f}s")
+            rest = [j for j in todo if j["arm"] != "adagc"]
+            for r in run_jobs(rest, 1, log, runlog=runlog, fork=True, work_dir=work / f"fork-{k_f}"):
+                runs[(r["arm"], r["fault"])] = r
         for k in a.accums:
             if k not in sweep:
                 sweep_one(k)
         rows = rows_of(a.accums)
         k_reg = regime_accum(rows, a.regime_threshold)
+        if a.static_microbatches > 0:
+            from llmtool.core.models import tiny_llama
+
+            m = tiny_llama(data["vocab"], layers=a.layers, d_model=a.d_model, heads=a.heads, max_length=a.max_length,
+                           seed=0, eos_token_id=data["eos"])
+            m.load_state_dict(torch.load(base, weights_only=False)["model"])
+            pick = torch.randperm(len(data["train"]), generator=torch.Generator().manual_seed(2))
+            blocks = [data["train"][i] for i in pick[:a.static_microbatches * a.batch_size].tolist()]
+            t0 = time.time()
+            noise = sampling_noise(m, blocks, a.accums, a.batch_size)
+            for r in rows:
+                sd = noise[r["accum"]]
+                r["sampling_log_sd"] = statistics.median(sd.values())
+                r["sampling_log_sd_by_tensor"] = sd
+            log(f"sampling noise at the base state ({a.static_microbatches} micro-batches): "
+                f"{time.time() - t0:.0f}s, median log-sd " + ", ".join(f"{r['accum']}: {r['sampling_log_sd']:.3f}"
+                                                                        for r in rows))
     finally:
         shutil.rmtree(work, ignore_errors=True)
-    fault = regime_fault_analysis(runs, a, target, rates[target], k_f, why, rows)
-    res = {"config": {**{k: v for k, v in vars(a).items()}, "out": os.path.relpath(out) if not os.path.relpath(out).startswith("..") else out.name,
+    faults = [regime_fault_analysis(fault_runs[k], a, choices[k]["chosen"], choices[k]["rates"][choices[k]["chosen"]],
+                                    k, choices[k]["why"], rows) for k, _ in k_fs]
+    shown = os.path.relpath(out)
+    extra = [v for k, _ in k_fs for kk, v in fault_runs[k].items() if kk != ("adagc", "clean")]
+    res = {"config": {**vars(a), "out": shown if not shown.startswith("..") else out.name,
                       "vocab": data["vocab"], "train_blocks": len(data["train"]), "adagc": hp,
                       "machine": f"{platform.machine()}, {os.cpu_count()} CPUs, torch {torch.__version__}"},
            "base": {k: b[k] for k in ("final_train_loss", "val_loss", "seconds", "steps")},
            "rows": rows, "regime_accum": k_reg, "threshold": a.regime_threshold,
-           "fault_tensor_choice": {"accum": k_f, "why": why, "rule": "lowest AdaGC clip rate over the adaptive "
-                                   "updates before the fault in the clean run", "rates": rates, "chosen": target},
-           "fault": fault, "runs_file": runs_path.name,
+           "fault_tensor_choice": [choices[k] for k, _ in k_fs], "faults": faults, "runs_file": runs_path.name,
            "runs": [{k: v for k, v in r.items() if k not in CURVES + ("tensor_norms", "tensor_clipped", "stages")}
-                    for r in [*sweep.values(), *[v for kk, v in runs.items() if kk != ("adagc", "clean")]]]}
+                    for r in [*sweep.values(), *extra]]}
     res["wall_seconds"] = time.time() - start
     res["command"] = "python benchmarks/train_adagc.py " + " ".join(argv if argv is not None else sys.argv[1:])
     out.with_suffix(".json").write_text(json.dumps(res, indent=1, default=float))
     write_regime_md(out.with_suffix(".md"), res, a)
-    plot_regime(out.with_suffix(".png"), res, runs, sweep, a)
+    plot_regime(out.with_suffix(".png"), res, fault_runs, a)
     log(f"wrote {out.with_suffix('.json').name}, .md, .png in {res['wall_seconds'] / 60:.1f} min")
     return res
 
@@ -1088,7 +1152,7 @@ def regime_fault_analysis(runs: dict, a, target: str, target_rate: float, k_f: i
 
 
 def write_regime_md(path: Path, res: dict, a) -> None:
-    cfg, rows, f = res["config"], res["rows"], res["fault"]
+    cfg, rows = res["config"], res["rows"]
     thr = res["threshold"]
     L = ["# AdaGC's regime on the benchmark's tiny Llama: clip fraction and gradient-norm noise vs batch (issue 43)", "",
          f"Command: `{res['command']}`", "",
@@ -1103,45 +1167,52 @@ def write_regime_md(path: Path, res: dict, a) -> None:
          "Clip fraction = share of tensors AdaGC clipped per adaptive update (mean over the "
          f"{rows[0]['adaptive_updates'] if rows else 0} adaptive updates, bootstrap 95 % interval over updates). "
          "Noise = per tensor, the sd of log ‖g‖ over the run's updates around a linear trend (raw, pre-clip "
-         "norms); median over tensors [interquartile range]. Predicted = the long-run share AdaGC's rule clips "
+         "norms); median over tensors [interquartile range]. Sampling log-sd at fixed weights = the same statistic "
+         f"from minibatch sampling alone, at the base state ({a.static_microbatches} micro-batch gradients, the "
+         "gradient of k accumulated micro-batches drawn as the mean of k of them with replacement): what a larger "
+         "batch can remove. Predicted = the long-run share AdaGC's rule clips "
          "when a tensor's norm is i.i.d. log-normal with that tensor's log-sd (simulated rule, mean over tensors): "
          "the short runs start from the warm-up's running-minimum reference, which the EMA can raise by at most "
          f"{100 * (cfg['adagc']['lambda_rel'] - 1) * (1 - cfg['adagc']['beta']):.2f} % "
          "per update, so the measured share also carries that start.", "",
          "| accumulation | effective batch (sequences × 128) | AdaGC clip fraction | median log-sd of ‖g‖ [IQR] | "
-         "log-sd without detrending | predicted long-run clip fraction | final train loss |",
-         "|---|---|---|---|---|---|---|"]
+         "log-sd without detrending | sampling log-sd at fixed weights | predicted long-run clip fraction | "
+         "final train loss |",
+         "|---|---|---|---|---|---|---|---|"]
     for r in rows:
         lo, hi = r["clip_fraction_ci95"]
+        samp = f"{r['sampling_log_sd']:.3f}" if "sampling_log_sd" in r else "–"
         L.append(f"| {r['accum']} | {r['effective_batch']} | {100 * r['clip_fraction']:.1f} % [{100 * lo:.1f}, "
                  f"{100 * hi:.1f}] | {r['median_log_sd']:.3f} [{r['log_sd_iqr'][0]:.3f}, {r['log_sd_iqr'][1]:.3f}] | "
-                 f"{r['median_log_sd_no_detrend']:.3f} | {100 * r['predicted_clip_fraction']:.0f} % | "
+                 f"{r['median_log_sd_no_detrend']:.3f} | {samp} | {100 * r['predicted_clip_fraction']:.0f} % | "
                  f"{r['final_train_loss']:.3f} |")
     k = res["regime_accum"]
     L += ["", ("**AdaGC enters its regime** (clip fraction < " f"{100 * thr:.0f} %) at accumulation **{k}**, "
                f"effective batch {k * a.batch_size} × {a.max_length} tokens." if k is not None else
                f"**AdaGC does not enter its regime** (clip fraction < {100 * thr:.0f} %) at any swept accumulation "
                f"(largest: {max(a.accums)}, effective batch {max(a.accums) * a.batch_size} × {a.max_length})."), ""]
-    L += [f"## Fault run at accumulation {f['accum']}", "",
-          f"Why this accumulation: {f['why']}. AdaGC clip fraction there {100 * f['adagc_clip_fraction']:.1f} % "
-          f"({'in' if f['in_regime'] else 'outside'} its regime by the {100 * thr:.0f} % threshold). Fault: the "
-          f"gradient of `{f['tensor']}` × {a.grad_scale:g} for {a.grad_steps} updates from update "
-          f"{f['fault_step']}; that tensor is the one AdaGC clipped least before the fault in the clean run "
-          f"({100 * f['tensor_clip_rate_before_fault']:.0f} % of its adaptive updates; all rates in the JSON). Excess = "
-          f"faulted − clean training loss of the same arm over updates {f['window'][0]}…{f['window'][1]}; one seed.", "",
-          "| arm | mean excess (nats) | max excess | post-fault losses equal to clean | val clean / faulted |",
-          "|---|---|---|---|---|"]
-    for arm, x in f["arms"].items():
-        L.append(f"| {arm} | {x['excess_mean']:+.4f} | {x['excess_max']:+.4f} | {x['identical_post_fault_losses']} of "
-                 f"{x['window_updates']} | {x['clean_val']:.4f} / {x['fault_val']:.4f} |")
-    L += ["", f"Paper direction adagc ≤ global ≤ none on the mean excess: **{f['paper_direction']}**."]
-    if f["gate"]:
-        L.append(f"Gate (replaces 'spike score adagc ≤ global'): {f['gate']['gate']}: {render(f['gate'])}.")
-    L.append("")
+    for f in res["faults"]:
+        L += [f"## Fault run at accumulation {f['accum']}", "",
+              f"Why this accumulation: {f['why']}. AdaGC clip fraction there {100 * f['adagc_clip_fraction']:.1f} % "
+              f"({'in' if f['in_regime'] else 'outside'} its regime by the {100 * thr:.0f} % threshold). Fault: the "
+              f"gradient of `{f['tensor']}` × {a.grad_scale:g} for {a.grad_steps} updates from update "
+              f"{f['fault_step']}; that tensor is the one AdaGC clipped least before the fault in the clean run "
+              f"({100 * f['tensor_clip_rate_before_fault']:.0f} % of its adaptive updates; all rates in the JSON). "
+              f"Excess = faulted − clean training loss of the same arm over updates {f['window'][0]}…{f['window'][1]}; "
+              "one seed.", "",
+              "| arm | mean excess (nats) | max excess | post-fault losses equal to clean | val clean / faulted |",
+              "|---|---|---|---|---|"]
+        for arm, x in f["arms"].items():
+            L.append(f"| {arm} | {x['excess_mean']:+.4f} | {x['excess_max']:+.4f} | {x['identical_post_fault_losses']} "
+                     f"of {x['window_updates']} | {x['clean_val']:.4f} / {x['fault_val']:.4f} |")
+        L += ["", f"Paper direction adagc ≤ global ≤ none on the mean excess: **{f['paper_direction']}**."]
+        if f["gate"]:
+            L.append(f"Gate (replaces 'spike score adagc ≤ global'): {f['gate']['gate']}: {render(f['gate'])}.")
+        L.append("")
     path.write_text("\n".join(L))
 
 
-def plot_regime(path: Path, res: dict, runs: dict, sweep: dict, a) -> None:
+def plot_regime(path: Path, res: dict, fault_runs: dict, a) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -1149,7 +1220,7 @@ def plot_regime(path: Path, res: dict, runs: dict, sweep: dict, a) -> None:
     import numpy as np
 
     rows = res["rows"]
-    fig, axes = plt.subplots(1, 3, figsize=(14, 3.8))
+    fig, axes = plt.subplots(1, 2 + len(fault_runs), figsize=(4.7 * (2 + len(fault_runs)), 3.8))
     eb = [r["effective_batch"] for r in rows]
     ax = axes[0]
     ax.plot(eb, [100 * r["clip_fraction"] for r in rows], "o-", label="measured (adaptive updates)")
@@ -1166,24 +1237,26 @@ def plot_regime(path: Path, res: dict, runs: dict, sweep: dict, a) -> None:
     ax.plot(eb, [r["median_log_sd"] for r in rows], "o-", label="detrended")
     ax.plot(eb, [r["median_log_sd_no_detrend"] for r in rows], "^--", label="raw")
     ax.fill_between(eb, [r["log_sd_iqr"][0] for r in rows], [r["log_sd_iqr"][1] for r in rows], alpha=0.2)
+    if all("sampling_log_sd" in r for r in rows):
+        ax.plot(eb, [r["sampling_log_sd"] for r in rows], "s:", label="sampling only (fixed weights)")
     ax.set_xscale("log", base=2)
     ax.set_yscale("log")
     ax.set_xlabel("effective batch (sequences × 128 tokens)")
     ax.set_title("median per-tensor log-sd of ‖g‖")
     ax.legend(fontsize=7)
-    ax = axes[2]
     F = a.regime_fault_step
-    for arm in ("none", "global", "adagc"):
-        c, f = runs.get((arm, "clean")), runs.get((arm, "grad"))
-        if c is None or f is None:
-            continue
-        d = np.asarray(f["loss"], float) - np.asarray(c["loss"], float)
-        ax.plot(np.arange(1, len(d) + 1), d, label=arm, lw=1)
-    ax.axvspan(F, F + a.grad_steps - 1, color="0.9", zorder=0)
-    ax.axhline(0, color="k", lw=0.5)
-    ax.set_xlabel("update")
-    ax.set_title(f"grad fault at accumulation {res['fault']['accum']}: loss − clean")
-    ax.legend(fontsize=7)
+    for ax, (k_f, runs) in zip(axes[2:], fault_runs.items()):
+        for arm in ("none", "global", "adagc"):
+            c, f = runs.get((arm, "clean")), runs.get((arm, "grad"))
+            if c is None or f is None:
+                continue
+            d = np.asarray(f["loss"], float) - np.asarray(c["loss"], float)
+            ax.plot(np.arange(1, len(d) + 1), d, label=arm, lw=1)
+        ax.axvspan(F, F + a.grad_steps - 1, color="0.9", zorder=0)
+        ax.axhline(0, color="k", lw=0.5)
+        ax.set_xlabel("update")
+        ax.set_title(f"grad fault at accumulation {k_f}: loss − clean")
+        ax.legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
