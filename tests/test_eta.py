@@ -185,3 +185,11 @@ def test_hostile_config_values_never_fail_the_estimate(tmp_path, value):
     shape = plans.Shape.of(tmp_path)
     est = eta.estimate(plans.ppl(shape, 1000, 128), CAL, shape.params)
     assert math.isfinite(est["seconds"]) and est["seconds"] > 0
+
+
+def test_a_leftover_estimate_of_another_command_is_not_reported(monkeypatch):
+    monkeypatch.setattr(eta, "calibration", lambda *a, **k: {**CAL, "key": "test"})
+    eta.announce(plans.ppl(SHAPE, 10 ** 7, 512), 1e8, "evaluate ppl")
+    assert eta.take_last("edit keystone finetune") is None and eta.LAST is None
+    eta.announce(plans.ppl(SHAPE, 10 ** 7, 512), 1e8, "learn-program run")
+    assert eta.take_last("learn-program")["seconds"] > 0

@@ -32,12 +32,17 @@ weight bytes per second) come from :func:`calibration`, and ``K`` are the consta
 
 Every command also pays ``startup`` seconds (imports) plus ``load`` seconds per billion parameters read.
 
-How the constants were fitted: ``benchmarks/estimates.py`` runs each long command on smollm2-135m at two
-sizes with ``--threads 1`` on the 2-core development machine (shared with other jobs), records the stages
-and the measured wall time, and the constants were set so that the ratio measured/estimate is close to 1
-over those runs (one K per kind, chosen from the runs where that kind dominates; the per-command fixed terms
-from the remaining gap). The table of ratios is ``benchmarks/results/estimates.md``. The estimate is a
-guide (within about 2x on that machine), not a promise: a loaded machine or a cold disk cache is slower.
+A stage whose real work differs from its nominal count has a multiplier in ``STAGE_K`` (by stage name).
+
+How the constants were fitted: ``benchmarks/estimates.py`` runs each long command on smollm2-135m at a quick
+and a ~3x larger size with ``--threads 1`` on the 2-core development machine (shared with other jobs),
+recording the stages and the process's wall and CPU time. K, ``STARTUP_S`` and ``LOAD_S_PER_BPARAM`` are
+first guesses (the matmul-bound kinds, ppl/pretrain/rtn, came within 0.9-1.3x of the CPU time with them);
+``STAGE_K`` was then set from the *quick* runs alone (CPU time minus the other stages' estimate, over the
+stage's estimate: the key-covariance whitening runs at ~1/3 of the nominal count, MEMIT's target
+optimisation at ~1/3, GPTQ at ~2.3x and rotation training at ~2x), and the *large* runs are the check of
+how the estimate scales. The table is ``benchmarks/results/estimates.md``. The estimate is a guide (within
+2x of the CPU time in those runs), not a promise: a cold disk cache or another machine differs.
 
 Busy machine: the calibration counts only CPU time, so the stages give the *idle* time; the estimate printed
 (and written to report.json) multiplies it by :func:`load_factor`, (1-minute load average + the command's
@@ -384,8 +389,13 @@ def announce(stages: Iterable[Stage], params: float = 0.0, what: str = "") -> di
     return LAST
 
 
-def take_last() -> dict | None:
-    """The last estimate, then forgotten (so it is written into one output only)."""
+def take_last(command: str | None = None) -> dict | None:
+    """The last estimate, then forgotten (so it is written into one output only); with ``command``, only an
+    estimate announced by the same command (first word: ``learn-program run`` is job ``learn-program``), so
+    that a command without an estimate never reports one left over by another in the same process."""
     global LAST
     last, LAST = LAST, None
+    if last is not None and command is not None and \
+            str(last.get("command", "")).split()[:1] != str(command).split()[:1]:
+        return None
     return last

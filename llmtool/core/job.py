@@ -128,7 +128,7 @@ def job(command: str, out: Path | str, *, overwrite: bool = False, config: Any =
         j.report.setdefault("seconds", round(time.time() - start, 3))
         from llmtool.core import eta
 
-        last = eta.take_last()  # the start-time estimate the command printed, beside the measured time
+        last = eta.take_last(command)  # the start-time estimate the command printed, beside the measured time
         if last is not None:
             j.report.setdefault("estimate_seconds", last["seconds"])
         if write_report:
