@@ -89,8 +89,9 @@ bench-train-adagc-full: setup-all  # the issue's protocol (AdamW, Lion and Muon:
 bench-learn-program: setup-all
 	$(PY) benchmarks/learn_program.py --k 64 --batch-size 32 --threads 2
 # bench-agent: the commands whose rows the README reports, fine-tuned rows included, plus the control agent
-# (--control, issue 42; not measured yet). Long on a CPU: measured parts took about 1 h for grid-nav (base model,
-# 150 SFT steps and their evaluation on 2 threads; the control adds about as much), 1 h for the two real games
+# (--control, issue 42; measured so far only in a 12-step run, `--only control`). Long on a CPU: measured parts
+# took about 1 h for grid-nav (base model, 150 SFT steps and their evaluation on 2 threads; the control adds
+# about as much), 1 h for the two real games
 # (they need llmtool[agent] and Java; skipped, with an error line, without them) and the default model's
 # UltraHorizon cells on 2 workers (about 1 h; phases in the results .md). Each line rewrites its part of
 # benchmarks/results/bench_agent.{json,md,png}.

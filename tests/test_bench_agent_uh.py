@@ -229,3 +229,24 @@ def test_uh_gates_judge_the_menu_rows_and_the_inferring_explorer():
     raw["infer-grid-10-crnr"] = cell(5)
     ba.uh_gates(res)
     assert res["gates"]["uh_infer_above_random_every_cell"]["verdict"] == gates.NOT_MET
+
+
+def test_in_process_hf_judge(tiny_llama_dir, tmp_path):
+    """--judge hf:MODEL: the same judge prompt in-process; a tiny random model never answers JSON, so the score
+    is null after three tries and its last answer is kept; a judge whose window is too small gives a null score."""
+    from conftest import save_tiny
+
+    from llmtool.bench_agent.uh import llm_judge
+    from llmtool.bench_agent.uhrun import HFJudge, judge_name
+
+    env = make_uh_env("seq", steps=1, seed=0)
+    report = env.describe(env.oracle_report())
+    small = make_judge(f"hf:{tiny_llama_dir}", "free")               # 512-token window
+    res = llm_judge(env, report, small)
+    assert res["final_score"] is None and "does not fit" in res["raw_output"]
+    model = save_tiny(tmp_path / "tiny-long", max_position_embeddings=8192)
+    judge = make_judge(f"hf:{model}", "free")
+    assert isinstance(judge, HFJudge) and judge_name(judge) == f"hf:{model}"
+    judge.cap = 6
+    res = llm_judge(env, report, judge)
+    assert res["final_score"] is None and "does not fit" not in res["raw_output"]

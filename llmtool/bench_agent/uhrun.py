@@ -79,9 +79,15 @@ class HFJudge:
         self.model, self.cap = f"hf:{spec}", max_new_tokens
 
     def chat(self, messages, temperature: float = 0.0, max_tokens: int = 2048) -> list[dict]:
+        """One greedy answer; a prompt beyond the judge's window answers an error text (a null score)."""
+        from llmtool.bench_agent.agents import ContextOverflow
+
         self.agent.reset()
         self.agent.max_new_tokens = min(max_tokens, self.cap)
-        return [{"content": self.agent.act(messages).content}]
+        try:
+            return [{"content": self.agent.act(messages).content}]
+        except ContextOverflow as e:
+            return [{"content": f"(the judge prompt does not fit the judge model: {e})"}]
 
 
 def make_judge(spec: str | None, report: str = "free"):
