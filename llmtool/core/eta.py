@@ -300,7 +300,7 @@ def fmt_count(n: float) -> str:
         return f"{n / 1e6:.3g}M"
     if n >= 1e4:
         return f"{n / 1e3:.3g}k"
-    return f"{n:.0f}" if n == int(n) else f"{n:.3g}"
+    return f"{n:.0f}" if n == int(n) or n >= 100 else f"{n:.3g}"
 
 
 def fmt_seconds(s: float) -> str:

@@ -208,7 +208,7 @@ def learn_program(shape: Shape, samples: int, trials: int, prompt_tokens: float,
     n = samples * trials
     st = generation("proposals", shape, n, prompt_tokens, max_new_tokens, batch,
                     f"up to {n} proposals x {max_new_tokens} tokens (prompt ~{fmt_count(prompt_tokens)} tokens)")
-    st.append(fixed("verification", n * (0.3 + checks * 2e-5), f"{n} sandboxed checks"))
+    st.append(fixed("verification", n * (0.3 + checks * 2e-5), f"{n} candidates run in the sandbox"))
     return st
 
 
