@@ -103,6 +103,11 @@ def run_command(
                       eval_test_all=eval_test_all, seed=OPTIONS.seed)
     ds = _dataset(data, task, length, train, val, test, data_seed)
     inputs = (data,) if data else ()
+    from llmtool.core.console import progress
+
+    stream = prop.stream  # proposals arrive one by one (minutes each on a CPU): a bar, or a status line every 30 s
+    prop.stream = lambda prompt, k, seed, trial: progress(stream(prompt, k, seed, trial), f"trial {trial} proposals",
+                                                          total=k)
     if proposer.startswith("hf:"):  # a local model samples the proposals: the long part
         from llmtool.core import eta_plans as plans
 
