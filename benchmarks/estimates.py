@@ -174,6 +174,7 @@ def main() -> None:
     ap.add_argument("--sizes", default="quick,large")
     ap.add_argument("--fresh", action="store_true", help="redo runs already in the run log")
     ap.add_argument("--log", default=str(RESULTS / "estimates.runs.jsonl"))
+    ap.add_argument("--report-only", action="store_true", help="rewrite estimates.json/.md from the run log")
     a = ap.parse_args()
     names = [n.strip() for n in a.only.split(",") if n.strip()] or list(COMMANDS)
     unknown = [n for n in names if n not in COMMANDS]
@@ -182,6 +183,8 @@ def main() -> None:
     sizes = [s for s in a.sizes.split(",") if s]
     log = RunLog(a.log, {"threads": 1, "model": M}, key=lambda r: (r["command"], r["size"]))
     done = {} if a.fresh else previous(Path(a.log))
+    if a.report_only:
+        return write(done)
     work = Path(tempfile.mkdtemp(prefix="llmtool-estimates-"))
     try:
         for name in names:
@@ -202,15 +205,18 @@ def main() -> None:
                       f"cpu {rec['cpu_s']} s", flush=True)
     finally:
         shutil.rmtree(work, ignore_errors=True)
-    write(done, " ".join(shlex.quote(x) for x in ["python", "benchmarks/estimates.py", *sys.argv[1:]]))
+    write(done)
 
 
-def write(done: dict, command: str) -> None:
+def write(done: dict) -> None:
     rows, records = [], []
     order = {n: i for i, n in enumerate(COMMANDS)}
     for (name, size), r in sorted(done.items(), key=lambda kv: (order.get(kv[0][0], 99), kv[0][1] != "quick")):
         now = estimate_now(r)
         ok = r["rc"] == 0 and r.get("estimate_s")
+        if ok and r.get("load_factor") is None:  # a run logged before the field: printed / idle estimate then
+            idle_then = r["overhead_s"] + sum(s["seconds"] for s in r["stages"])
+            r["load_factor"] = round(r["estimate_s"] / idle_then, 2) if idle_then else None
         row = {"command": name, "size": size, "estimate_s": r.get("estimate_s"), "load_factor": r.get("load_factor"),
                "estimate_now_s": round(now, 1) if now else None, "wall_s": r["wall_s"], "cpu_s": r["cpu_s"],
                "wall/estimate": round(r["wall_s"] / r["estimate_s"], 2) if ok else None,
@@ -222,7 +228,13 @@ def write(done: dict, command: str) -> None:
         records.append({**r, "estimate_now_s": row["estimate_now_s"]})
     RESULTS.mkdir(parents=True, exist_ok=True)
     ratios = [r["cpu/estimate_now"] for r in rows if r["cpu/estimate_now"]]
-    summary = {"command": command, "threads": 1, "model": M, "runs": len(rows), "constants": eta.K,
+    command = "python benchmarks/estimates.py"
+    summary = {"command": command, "threads": 1,
+               "runs_made_by": sorted({r.get("made_by", "") for r in done.values()} - {""}) or
+               ["nice -n 5 python benchmarks/estimates.py --sizes quick",
+                "nice -n 5 python benchmarks/estimates.py --sizes large --only 'quantize respinquant,edit memit,"
+                "train grpo,kvcache evaluate,learn-program run,compress zs-svd,quantize quarot,evaluate ppl,"
+                "train pretrain,train sft,evade watermark,evaluate judge-sample,quantize rtn'"], "model": M, "runs": len(rows), "constants": eta.K,
                "startup_s": eta.STARTUP_S, "load_s_per_bparam": eta.LOAD_S_PER_BPARAM,
                "within_2x_cpu": sum(0.5 <= x <= 2 for x in ratios), "with_ratio": len(ratios),
                "rows": rows, "records": records}
@@ -230,14 +242,16 @@ def write(done: dict, command: str) -> None:
     cols = ["command", "size", "estimate_s", "load_factor", "wall_s", "wall/estimate", "estimate_now_s", "cpu_s",
             "cpu/estimate_now"]
     md = [f"# Start-time estimates vs measured time (`{command}`)", "",
-          f"smollm2-135m, `--threads 1`, one process per run. {summary['within_2x_cpu']} of {len(ratios)} runs "
-          "have CPU time within 2x of the idle estimate. `estimate_s` is what the command printed at the time "
-          "(the idle estimate times `load_factor`, the machine's load over its cores at the start; empty: a run "
-          "made before the load factor existed, printed the idle estimate); `estimate_now_s` is the idle "
-          "estimate of the same stages under the constants now in `llmtool/core/eta.py` (fitted on these runs: "
-          "in-sample). Wall time includes waiting for a core on a shared machine; CPU time is what an idle "
-          "machine's wall time would be at one thread.", "",
-          markdown_table([{c: r[c] for c in cols} for r in rows], cols), ""]
+          f"smollm2-135m, `--threads 1`, one process per run, on a 2-core machine shared with other jobs. "
+          f"{summary['within_2x_cpu']} of {len(ratios)} runs have CPU time within 2x of the idle estimate. "
+          "`estimate_s` is what the command printed at the time: the idle estimate times `load_factor` (the "
+          "machine's load over its cores at the start; 1 for runs made before the load factor existed, and "
+          "the quick runs of quantize/compress/edit were made before `STAGE_K` was fitted). `estimate_now_s` is "
+          "the idle estimate of the recorded stages under the constants now in `llmtool/core/eta.py`: its "
+          "`STAGE_K` multipliers were fitted on the quick runs, so the quick rows of those commands are in-sample "
+          "and the large rows (~3x the work) are the check. Wall time includes waiting for a core; CPU time is "
+          "what an idle machine's wall time would be at one thread.", "",
+          markdown_table([{c: ("" if r[c] is None else r[c]) for c in cols} for r in rows], cols), ""]
     (RESULTS / "estimates.md").write_text("\n".join(md))
     print("\n".join(md))
 
