@@ -1011,6 +1011,7 @@ def regime_main(a, argv) -> dict:
                     "fault_step": a.regime_fault_step, "grad_tensor": a.grad_tensor, "grad_accum": k}
 
         sweep, ckpts = {}, {}
+        trained = [1]  # runs trained by this command (the base counts)
 
         def sweep_one(k):
             key = (k, "adagc", "clean")
@@ -1022,6 +1023,7 @@ def regime_main(a, argv) -> dict:
             r = run_one({"args": rargs(k), "data": data, "threads": a.threads, "optimizer": "adamw", "arm": "adagc",
                          "fault": "clean", "seed": 1, "init": str(base), "record_norms": True, "save_dir": str(save)})
             runlog.append(r)
+            trained[0] += 1
             sweep[k] = r
             ckpts[k] = save / f"checkpoint-{a.regime_fault_step - 1}"
             log(f"accum {k}: {r['seconds']:.0f}s, clip fraction (adaptive) "
@@ -1073,11 +1075,13 @@ def regime_main(a, argv) -> dict:
                     j["resume"] = str(ckpts[k_f])
                 r = run_one(j)
                 runlog.append(r)
+                trained[0] += 1
                 runs[("adagc", "grad")] = r
                 log(f"adagc grad: {r['seconds']:.0f}s")
             rest = [j for j in todo if j["arm"] != "adagc"]
             for r in run_jobs(rest, 1, log, runlog=runlog, fork=True, work_dir=work / f"fork-{k_f}"):
                 runs[(r["arm"], r["fault"])] = r
+                trained[0] += 1
         for k in a.accums:
             if k not in sweep:
                 sweep_one(k)
@@ -1115,6 +1119,8 @@ def regime_main(a, argv) -> dict:
            "runs": [{k: v for k, v in r.items() if k not in CURVES + ("tensor_norms", "tensor_clipped", "stages")}
                     for r in [*sweep.values(), *extra]]}
     res["wall_seconds"] = time.time() - start
+    res["run_seconds_total"] = round(b["seconds"] + sum(r["seconds"] for r in [*sweep.values(), *extra]), 1)
+    res["trained_runs"] = trained[0]
     res["command"] = "python benchmarks/train_adagc.py " + " ".join(argv if argv is not None else sys.argv[1:])
     out.with_suffix(".json").write_text(json.dumps(res, indent=1, default=float))
     write_regime_md(out.with_suffix(".md"), res, a)
@@ -1163,7 +1169,11 @@ def write_regime_md(path: Path, res: dict, a) -> None:
          f"regime run continues the base's model and AdamW state for {a.regime_steps} updates at accumulation k "
          f"(data order seed 1) with a fresh AdaGC (λ_rel {cfg['adagc']['lambda_rel']}, β "
          f"{cfg['adagc']['beta']}, warm-up {a.regime_warmup} updates instead of 100, so that the runs "
-         f"stay short). Wall time {res['wall_seconds'] / 60:.1f} min on {cfg['machine']}.", "",
+         f"stay short). Wall time of this command {res['wall_seconds'] / 60:.1f} min on {cfg['machine']}, which "
+         f"trained {res.get('trained_runs', '?')} run(s) (the base included); the others were reused from "
+         f"`{res['runs_file']}` (same protocol). Summed training time of all runs "
+         f"{res.get('run_seconds_total', 0) / 60:.1f} min; faulted runs are forked from their clean run just before "
+         "the fault.", "",
          "Clip fraction = share of tensors AdaGC clipped per adaptive update (mean over the "
          f"{rows[0]['adaptive_updates'] if rows else 0} adaptive updates, bootstrap 95 % interval over updates). "
          "Noise = per tensor, the sd of log ‖g‖ over the run's updates around a linear trend (raw, pre-clip "
