@@ -364,6 +364,9 @@ def reductions(res: dict) -> list[str]:
         p = res.get(part) or {}
         if p and p.get("k", 64) < 64:
             red.append(f"{part}: k = {p['k']} proposals per task instead of 64")
+    n_prop = len({r.get("task") for r in (res.get("proposer") or {}).get("rows", [])})
+    if 0 < n_prop < 13:
+        red.append(f"proposer on {n_prop} of the 13 tasks")
     mnt = (res.get("proposer") or {}).get("max_new_tokens")
     if mnt:
         red.append(f"at most {mnt} new tokens per proposal")
