@@ -159,3 +159,19 @@ def test_bira_calibrates_beta0_per_rewriter_and_caches_it(tiny_llama_dir, tmp_pa
                                 "--paraphraser", tiny_llama_dir, "--beta0", "-2", "--max-iter", "1")
     assert code == 0, err
     assert "beta0" not in json.loads(stdout)
+
+
+def test_watermark_generation_reports_progress_per_batch(tiny_llama_dir, monkeypatch, capsys):
+    """`evade watermark` had no progress over its generation batches: a long run was silent in a log."""
+    from llmtool.core import console
+    from llmtool.core.models import load_model, load_tokenizer
+    from llmtool.evade.generation import DecodeConfig, generate_ids
+
+    monkeypatch.setattr(console, "STATUS_EVERY_S", 0.0)
+    model, tok = load_model(tiny_llama_dir), load_tokenizer(tiny_llama_dir)
+    dec = DecodeConfig(max_new_tokens=3, batch_size=1, no_repeat_ngram_size=0)
+    plain = generate_ids(model, tok, [[5, 6], [7, 8]], [], dec)
+    capsys.readouterr()
+    shown = generate_ids(model, tok, [[5, 6], [7, 8]], [], dec, description="generating")
+    err = capsys.readouterr().err
+    assert shown == plain and "generating: 1/2" in err and "generating: 2/2" in err

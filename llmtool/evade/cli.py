@@ -121,6 +121,7 @@ def watermark(
     pids = [tok(t, add_special_tokens=False)["input_ids"] for t in texts]
     info(f"generating {len(pids)} texts with {'no watermark' if unwatermarked else scheme}")
     outs = generate_ids(m, tok, pids, [] if unwatermarked else [wm.processor()], dec,
+                        description=f"generating (batches of {dec.batch_size})",
                         **({} if unwatermarked else scheme_decoding(wm)))
     field = "text" if unwatermarked else "watermarked_text"
     out_rows = [{"id": i, "prompt": p, field: tok.decode(o, skip_special_tokens=True), "scheme":

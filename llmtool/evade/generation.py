@@ -24,12 +24,13 @@ class DecodeConfig:
 def generate_ids(model, tokenizer, prompt_ids: list[list[int]], processors: list | None = None,
                  decode: DecodeConfig | None = None, greedy: bool = False, plain_sampling: bool = False,
                  max_new_tokens: list[int] | None = None, batch_seed: int | None = None,
-                 stop_ids: list[int] | None = None) -> list[list[int]]:
+                 stop_ids: list[int] | None = None, description: str | None = None) -> list[list[int]]:
     """Continuation ids (prompt stripped, stopped at EOS or any of ``stop_ids``, stop token not included)
     for each prompt, decoded by :func:`llmtool.core.lm.generate` one batch at a time (so each batch gets
     its own seed and processors). ``processors`` is a list, or a callable ``(start, stop) -> list`` for
     per-item processors of the batch holding prompts ``start..stop-1``; ``no_repeat_ngram_size`` runs
-    before them (as in transformers' own ordering)."""
+    before them (as in transformers' own ordering). ``description`` shows progress over the batches (a bar in a
+    terminal, a status line every 30 s otherwise) for callers that have no progress of their own."""
     from transformers import NoRepeatNGramLogitsProcessor
 
     from llmtool.core.lm import generate
@@ -43,7 +44,12 @@ def generate_ids(model, tokenizer, prompt_ids: list[list[int]], processors: list
     else:
         sampling = dict(temperature=decode.temperature, top_p=decode.top_p, top_k=0)
     outputs: list[list[int]] = []
-    for start in range(0, len(prompt_ids), decode.batch_size):
+    starts = range(0, len(prompt_ids), decode.batch_size)
+    if description:
+        from llmtool.core.console import progress
+
+        starts = progress(starts, description)
+    for start in starts:
         chunk = prompt_ids[start:start + decode.batch_size]
         budgets = [decode.max_new_tokens] * len(chunk) if max_new_tokens is None else \
             max_new_tokens[start:start + len(chunk)]
