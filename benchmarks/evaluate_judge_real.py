@@ -196,19 +196,21 @@ def reading(summary: dict, per_vote: dict, by: dict, same_as_tie: bool) -> str:
     signal = n > 0 and lo > 0.5
     fs = [summary["first_slot_share_AB"], summary["first_slot_share_BA"]]
     biased = all(f is not None and f >= 0.65 for f in fs) or all(f is not None and f <= 0.35 for f in fs)
-    tie = by["always-tie"]["label_acc"]
-    above = [m for m, r in by.items() if m != "always-tie" and r["label_acc_ci"][0] > tie]
+    tie = by["always-tie"]["label_acc"]   # = the share of tie items among the test items
+    coin = 0.5 * (1 - tie)                 # a judge that picks A or B at random and never says tie
+    above = [m for m, r in by.items() if m != "always-tie" and r["label_acc_ci"][0] > max(tie, coin)]
     text = (f"The judge parses {1 - summary['parse_failure_rate']:.0%} of its outputs (with budget forcing) and picks "
             f"the first slot in {fs[0]:.0%} (AB) / {fs[1]:.0%} (BA) of its valid votes"
             + (": a position bias. " if biased else ". ")
             + f"Its single-vote accuracy on decided items is {accs[0]:.2f} (AB) and {accs[1]:.2f} (BA), "
             f"{k}/{n} = {k / max(n, 1):.2f} over both orders (Wilson 95 % [{lo:.2f}, {hi:.2f}]): "
             + ("above chance. " if signal else "not distinguishable from chance. "))
+    refs = f"always tie {tie:.3f}, a random A/B pick {coin:.3f}"
     if above:
-        text += (f"Label accuracy above the always-tie reference ({tie:.3f}, lower bound of the Wilson interval "
-                 f"above it): {', '.join(above)}. ")
+        text += (f"Label accuracy above both chance references ({refs}; lower bound of the Wilson interval above "
+                 f"them): {', '.join(above)}. ")
     else:
-        text += (f"No aggregator's label-accuracy interval lies above the always-tie reference ({tie:.3f}). ")
+        text += f"No aggregator's label-accuracy interval lies above both chance references ({refs}). "
     if same_as_tie:
         text += ("BTD's MAE is exactly that of the constant 'always tie' prediction: the per-task fit finds tau at "
                  "its lower bound and the calibration predicts the MAE-optimal median, tie, for (almost) every "
@@ -351,8 +353,14 @@ def main() -> None:
     if args.reuse and (RESULTS / f"{stem}.json").exists():   # keep the timing of the run that sampled the votes
         timing = {**json.loads((RESULTS / f"{stem}.json").read_text()).get("timing", {}),
                   "reaggregated_s": timing["total_s"]}
+    command = "python benchmarks/evaluate_judge_real.py " + shlex.join(sys.argv[1:])
+    if args.reuse and (RESULTS / f"{stem}.json").exists():   # the command that sampled the votes, then this one
+        sampled_by = json.loads((RESULTS / f"{stem}.json").read_text()).get("command")
+        command = f"{sampled_by}; re-aggregated by: {command}" if sampled_by and "re-aggregated" not in sampled_by \
+            else (f"{sampled_by.split('; re-aggregated by: ')[0]}; re-aggregated by: {command}" if sampled_by
+                  else command)
     sa_fail = sum(r["rating"] is None for r in selfagg)
-    doc = {"command": "python benchmarks/evaluate_judge_real.py " + shlex.join(sys.argv[1:]), "config": vars(args), "pairs": len(pairs), "coverage": coverage, "votes": summary, **per_vote,
+    doc = {"command": command, "config": vars(args), "pairs": len(pairs), "coverage": coverage, "votes": summary, **per_vote,
            "vote_shares_by_task": vote_shares, "calib_items": len(run.calib_idx),
            "test_items": len(run.test_idx), "fits": fits, "metrics": overall, "task_metrics": per_task,
            "self_agg": {"items": len(selfagg), "failures": sa_fail, "subset_metrics": subset_rows},

@@ -84,3 +84,6 @@ def test_judge_reading_follows_the_numbers():
     good = ej.reading(*_judge_inputs(0.8, first=(0.5, 0.52), label_acc=(0.6, 0.7)), same_as_tie=False)
     assert "above chance" in good and "not distinguishable" not in good and "position bias" not in good
     assert "btd, majority" in good and "needs a judge" not in good
+    # above always-tie (0.225) but not above a random A/B pick (0.5 x 0.775 = 0.39): not above chance
+    coin = ej.reading(*_judge_inputs(0.5, label_acc=(0.35, 0.42)), same_as_tie=False)
+    assert "No aggregator's label-accuracy interval lies above both chance references" in coin
