@@ -139,3 +139,17 @@ def test_gemma3_270m_preset():
 
     p = preset_for({"model_type": "gemma3_text", "hidden_size": 640, "num_hidden_layers": 18})
     assert p.name == "gemma3-270m" and p.layers == (1, 2, 3, 4, 5) and p.mom2_update_weight == 1500.0
+
+
+def test_keystone_cli_texts_start_with_bos_only_where_the_tokenizer_adds_one(bos_tok):
+    """`llmtool edit keystone find|ablate` scored Gemma's texts without the BOS it was trained with, so the CLI did
+    not match the benchmark's keystone rows."""
+    from llmtool.core.data import tokenize
+    from llmtool.edit.keystone_cli import _tokens
+
+    rows = [{"text": "It is a truth universally acknowledged"}]
+    (ids,) = _tokens(bos_tok, rows)
+    assert ids[0].item() == bos_tok.bos_token_id and ids[1:].tolist() == tokenize(bos_tok, rows[0]["text"]).tolist()
+    plain = build_tokenizer()
+    (ids,) = _tokens(plain, rows)
+    assert ids.tolist() == tokenize(plain, rows[0]["text"]).tolist()

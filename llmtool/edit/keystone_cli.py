@@ -30,9 +30,15 @@ def _texts(path: str, default):
 
 
 def _tokens(tok, rows):
-    from llmtool.core.data import tokenize
+    """Each text's ids after the tokenizer's BOS where it adds one (Gemma), as the model saw text in training
+    and as ``benchmarks/edit.py`` scores them."""
+    import torch
 
-    return [tokenize(tok, r["text"]) for r in rows]
+    from llmtool.core.data import tokenize
+    from llmtool.edit.prompts import bos_prefix
+
+    bos = torch.tensor(bos_prefix(tok), dtype=torch.long)
+    return [torch.cat([bos, tokenize(tok, r["text"])]) for r in rows]
 
 
 @app.command("find")
