@@ -103,3 +103,19 @@ def test_pre_norms_carry_their_gain_online_and_rotation_alone_is_exact(setup, me
             want = torch.sort(arch.norm_gain(o, spec).double()).values
             assert torch.allclose(ev, want, rtol=1e-4, atol=1e-5)   # Rᵀ diag(g) R has g's spectrum
     assert _err(m, ref, ids) < 1e-4
+
+
+@pytest.mark.parametrize("family,rank_of,warned", [("gemma3_text", lambda d: 2, True),
+                                                    ("gemma3_text", lambda d: d, False),
+                                                    ("llama", lambda d: 2, False)])
+def test_respinquant_warns_about_a_low_rank_on_sandwich_norm_families(family, rank_of, warned, capsys):
+    """ReSpinQuant's default rank 32 broke gemma3-270m (ppl 5.9e5 at W4A4) where rank D matched QuaRot: a user
+    asking for a low rank on a sandwich-norm family is told so; full rank and other families are not."""
+    register_all()
+    torch.manual_seed(0)
+    m = build_model(family).eval()
+    ids = _ids(20)
+    capsys.readouterr()
+    quantize_(m, make_config("respinquant", w_bits=16, a_bits=16, seed=0, train_steps=1, train_seqlen=8,
+                             rank=rank_of(m.config.hidden_size)), ids[:, :16])
+    assert ("warning: ReSpinQuant rank" in capsys.readouterr().err) is warned

@@ -136,6 +136,12 @@ def quantize_(model, config: QuantConfig, calib: torch.Tensor | None = None) -> 
     if rotated:
         rank = getattr(config, "rank", None)
         if rank is not None and not rot.tied:
+            hidden = model.config.hidden_size
+            if 0 < rank < hidden and rot_mod.online_pre_norm_gains(model):
+                info(f"warning: ReSpinQuant rank {rank} on a sandwich-norm family "
+                     f"({getattr(model.config, 'model_type', '?')}): on Gemma 3 270M rank 32 broke the model "
+                     f"(ppl 5.9e5 at W4A4) where --rank {hidden} (the hidden size) matched QuaRot; "
+                     "see docs/quantize.md")
             report.update(install_low_rank_transitions(model, rot, rank))
     report["rotation_seconds"] = time.perf_counter() - t0
     _replace_linears(model, config, rotated)
