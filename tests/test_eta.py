@@ -193,3 +193,21 @@ def test_a_leftover_estimate_of_another_command_is_not_reported(monkeypatch):
     assert eta.take_last("edit keystone finetune") is None and eta.LAST is None
     eta.announce(plans.ppl(SHAPE, 10 ** 7, 512), 1e8, "learn-program run")
     assert eta.take_last("learn-program")["seconds"] > 0
+
+
+def test_kvcache_generate_announces_prompts_times_new_tokens(tiny_llama_dir, tmp_path, monkeypatch):
+    """`kvcache generate` had a plan but never announced it: a long prompts file started silently."""
+    from conftest import run_cli
+
+    monkeypatch.setattr(eta, "MIN_PRINT_S", 0.0)
+    decode_units = []
+    for n in (1, 3):
+        prompts = tmp_path / f"p{n}.jsonl"
+        prompts.write_text("".join(json.dumps({"context": "It is a truth universally acknowledged, that a single man",
+                                               "question": " Who?"}) + "\n" for _ in range(n)))
+        eta.LAST = None
+        code, _, err = run_cli("kvcache", "generate", str(tiny_llama_dir), "--prompts", str(prompts),
+                               "--max-new-tokens", "4")
+        assert code == 0 and "estimate:" in err, err
+        decode_units.append(next(s["units"] for s in eta.LAST["stages"] if s["name"] == "decode"))
+    assert decode_units == [4, 12]

@@ -67,6 +67,12 @@ def generate_cmd(
             raise UsageError(f"{prompts}: record {i}: needs a string field 'context' (or 'prompt')")
         if "question" in r and not isinstance(r["question"], str):
             raise UsageError(f"{prompts}: record {i}: field 'question' must be a string")
+    from llmtool.core import eta_plans as plans
+
+    shape = plans.Shape.of(model)
+    texts = [{"prompt": r.get("context", r.get("prompt", "")) + r.get("question", "")} for r in rows_in]
+    plans.announce(plans.kvcache_generate(shape, len(rows_in), plans.prompt_tokens(texts) - 20, max_new_tokens),
+                   shape, "kvcache generate")
     m, tok = _load(model)
     results = []
     for r in progress(rows_in, "generate"):
