@@ -332,7 +332,7 @@ def cli_setup(tmp_path_factory):
     return root, base, data
 
 
-def test_cli_train_generate_eval_roundtrip(cli_setup, tmp_path):
+def test_cli_train_generate_eval_roundtrip(cli_setup, tmp_path, monkeypatch):
     root, base, data = cli_setup
     experts = f"{root}/experts/math,{root}/experts/reverse"
     run = tmp_path / "fr"
@@ -359,10 +359,13 @@ def test_cli_train_generate_eval_roundtrip(cli_setup, tmp_path):
     prefs = tmp_path / "prefs.jsonl"
     prefs.write_text("".join(json.dumps({"prompt": "France capital", "chosen": " is Paris.", "rejected": " is Rome."}) + "\n"
                              for _ in range(4)))
+    from llmtool.core import eta
+    monkeypatch.setattr(eta, "MIN_PRINT_S", 0.0)
     code, out, err = run_cli("route", "train", str(tmp_path / "fr2"), "--stage", "cdpo", "--init", str(run),
                              "--data", str(prefs), "--max-steps", "1", "--batch-size", "2")
     assert code == 0, err + out
     assert json.loads((tmp_path / "fr2" / "fusionroute.json").read_text())["stage"] == "cdpo"
+    assert "estimate:" in err and "router 4 rows" in err, err   # stage 2 announces its estimate too (1 x 2 pairs x 2)
 
 
 def test_cli_baselines(cli_setup, tmp_path):

@@ -246,6 +246,13 @@ def train_cmd(
         if experts or base:
             raise UsageError("--stage cdpo takes its experts and base from --init; drop --experts/--base")
         rows = read_rows(data, required=("prompt", "chosen", "rejected"))
+        from llmtool.core import eta_plans as plans
+        from llmtool.route.router import read_meta
+
+        shape = plans.Shape.of(init)  # the stage-1 dir holds the router's LM (config.json)
+        pair_rows = [{"prompt": r["prompt"], "response": r[k]} for r in rows for k in ("chosen", "rejected")]
+        plans.announce(plans.route_train(shape, [plans.Shape.of(e.path) for e in read_meta(init).experts], pair_rows,
+                                         epochs, max_steps, 2 * batch_size, max_length), shape, "route train")
         with job("route train", out=out, overwrite=overwrite, inputs=(data, init)) as j:
             router, tok, models, meta = load_router(init)
             vocab = VocabView(meta.vocab_size_used, meta.n_tokens)
