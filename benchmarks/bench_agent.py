@@ -450,25 +450,9 @@ def main() -> None:
     write(results)
 
     if args.sft:
-        from llmtool.core.trainer import TrainArgs, sft
-
         ex = oracle_examples(env_name, args.train_tasks, args.seed, tok, args.history)
-        # long enough for the longest example: truncation would cut the completion, the only trained part
-        longest = max(len(tok(e["prompt"] + e["completion"], add_special_tokens=False)["input_ids"]) for e in ex)
-        targs = TrainArgs(lr=args.lr, max_steps=args.sft_steps, batch_size=args.sft_batch, max_length=max(384, longest + 8),
-                          warmup_ratio=0.05, seed=args.seed, logging_steps=10)
         t0 = time.time()
-        info = sft(model, tok, ex, targs)
-        r["sft"] = {"examples": len(ex), "train_loss": info["train_loss"], "steps": info["steps"], "longest": longest,
-                    "seconds": time.time() - t0}
-        print(f"  SFT {len(ex)} examples, {info['steps']} steps, loss {info['train_loss']:.3f}, "
-              f"{time.time() - t0:.0f}s", flush=True)
-        model.eval()
-        agent = HFAgent(str(path), model=model, tokenizer=tok, max_new_tokens=args.max_new_tokens, stop=("\n",))
-        agent.uri = f"hf:{args.model}+sft"
-        r["sft_eval"] = eval_agent(env_name, agent, args.base_episodes, args.seed, args.history, work, "finetuned",
-                                   args.max_rounds)
-        r["sft_ir"] = ir_of(work, "finetuned", env_name, args.seed)
+        r["sft"], r["sft_eval"], r["sft_ir"] = sft_and_evaluate(args, model, tok, path, ex, "finetuned", "sft", work, t0)
         phase[f"sft_train_and_eval {env_name}"] = round(time.time() - t0, 1)
         ft, fir = r["sft_eval"], r["sft_ir"]
         print(f"  fine-tuned IR {fir['ir']:.2f} [{fir['ir_lo']:.2f},{fir['ir_hi']:.2f}]", flush=True)
@@ -496,33 +480,43 @@ def main() -> None:
     print(f"total {wall:.0f} s")
 
 
+def sft_and_evaluate(args, model, tok, path, ex: list[dict], label: str, uri_tag: str, work: Path,
+                     t0: float) -> tuple[dict, dict, dict]:
+    """Fine-tune ``model`` in place on ``ex`` with the --sft settings and evaluate it like the base agent, under
+    every rewrite: (SFT record, per-rewrite results, IR). ``seconds`` in the record counts from ``t0``. The
+    fine-tuned agent and the control agent differ only in their examples and their starting copy."""
+    from llmtool.bench_agent.agents import HFAgent
+    from llmtool.core.trainer import TrainArgs, sft
+
+    # long enough for the longest example: truncation would cut the completion, the only trained part
+    longest = max(len(tok(e["prompt"] + e["completion"], add_special_tokens=False)["input_ids"]) for e in ex)
+    targs = TrainArgs(lr=args.lr, max_steps=args.sft_steps, batch_size=args.sft_batch, max_length=max(384, longest + 8),
+                      warmup_ratio=0.05, seed=args.seed, logging_steps=10)
+    info = sft(model, tok, ex, targs)
+    rec = {"examples": len(ex), "train_loss": info["train_loss"], "steps": info["steps"], "longest": longest,
+           "seconds": time.time() - t0}
+    print(f"  {'' if label == 'finetuned' else label + ' '}SFT {len(ex)} examples, {info['steps']} steps, "
+          f"loss {info['train_loss']:.3f}, {time.time() - t0:.0f}s", flush=True)
+    model.eval()
+    agent = HFAgent(str(path), model=model, tokenizer=tok, max_new_tokens=args.max_new_tokens, stop=("\n",))
+    agent.uri = f"hf:{args.model}+{uri_tag}"
+    ev = eval_agent(args.env, agent, args.base_episodes, args.seed, args.history, work, label, args.max_rounds)
+    return rec, ev, ir_of(work, label, args.env, args.seed)
+
+
 def run_control(args, r: dict, work: Path, phase: dict) -> None:
     """The control agent: a fresh copy of the base model fine-tuned with the --sft settings on the same oracle
     episodes shown under fresh random aliases per episode, evaluated like the fine-tuned agent."""
-    from llmtool.bench_agent.agents import HFAgent
     from llmtool.core.models import load_model, load_tokenizer, resolve_model
-    from llmtool.core.trainer import TrainArgs, sft
 
     env_name, path = args.env, resolve_model(args.model)
     tok = load_tokenizer(path)
     t0 = time.time()
     ex = oracle_examples(env_name, args.train_tasks, args.seed, tok, args.history, aliases=True)
-    longest = max(len(tok(e["prompt"] + e["completion"], add_special_tokens=False)["input_ids"]) for e in ex)
-    targs = TrainArgs(lr=args.lr, max_steps=args.sft_steps, batch_size=args.sft_batch, max_length=max(384, longest + 8),
-                      warmup_ratio=0.05, seed=args.seed, logging_steps=10)
     cmodel = load_model(path, dtype="float32", device="cpu")        # a fresh copy of the base model
-    info = sft(cmodel, tok, ex, targs)
-    r["control_sft"] = {"examples": len(ex), "train_loss": info["train_loss"], "steps": info["steps"],
-                        "longest": longest, "seconds": time.time() - t0, "train_tasks": args.train_tasks,
-                        "batch": args.sft_batch, "episodes": args.base_episodes}
-    print(f"  control SFT {len(ex)} examples, {info['steps']} steps, loss {info['train_loss']:.3f}, "
-          f"{time.time() - t0:.0f}s", flush=True)
-    cmodel.eval()
-    agent = HFAgent(str(path), model=cmodel, tokenizer=tok, max_new_tokens=args.max_new_tokens, stop=("\n",))
-    agent.uri = f"hf:{args.model}+control"
-    r["control_eval"] = eval_agent(env_name, agent, args.base_episodes, args.seed, args.history, work, "control",
-                                   args.max_rounds)
-    r["control_ir"] = ir_of(work, "control", env_name, args.seed)
+    r["control_sft"], r["control_eval"], r["control_ir"] = sft_and_evaluate(args, cmodel, tok, path, ex, "control",
+                                                                            "control", work, t0)
+    r["control_sft"].update(train_tasks=args.train_tasks, batch=args.sft_batch, episodes=args.base_episodes)
     phase[f"control_train_and_eval {env_name}"] = round(time.time() - t0, 1)
     cir = r["control_ir"]
     print(f"  control IR {cir['ir']:.2f} [{cir['ir_lo']:.2f},{cir['ir_hi']:.2f}]", flush=True)
