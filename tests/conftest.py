@@ -96,6 +96,21 @@ def write_route_rows(path: Path) -> Path:
     return path
 
 
+def load_benchmark(name: str):
+    """``benchmarks/<name>.py`` as a fresh module (benchmarks are scripts, not a package). The repository root goes
+    on sys.path first, so the script's and the test's ``from benchmarks import gates`` resolve."""
+    import importlib.util
+    import sys
+
+    root = Path(__file__).resolve().parents[1]
+    if str(root) not in sys.path:
+        sys.path.insert(0, str(root))
+    spec = importlib.util.spec_from_file_location(f"benchmark_{name}", root / "benchmarks" / f"{name}.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
 def run_cli(*args: str):
     """Run the CLI in-process; returns (exit_code, stdout, stderr)."""
     from typer.testing import CliRunner

@@ -186,17 +186,9 @@ def test_control_training_episodes_never_show_the_original_names(env_name):
 
 
 def _bench_agent_module():
-    import importlib.util
-    import sys
-    from pathlib import Path
+    from conftest import load_benchmark
 
-    root = Path(__file__).resolve().parents[1]
-    if str(root) not in sys.path:
-        sys.path.insert(0, str(root))
-    spec = importlib.util.spec_from_file_location("bench_agent_bench_uh", root / "benchmarks" / "bench_agent.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_benchmark("bench_agent")
 
 
 def test_control_ir_gate_can_fail_and_says_not_tested_when_not_run():

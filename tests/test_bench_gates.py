@@ -2,7 +2,6 @@
 precondition did not hold says "not tested" (never "met"), and a gate that can fail still fails."""
 from __future__ import annotations
 
-import importlib.util
 import sys
 from pathlib import Path
 
@@ -13,13 +12,7 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from benchmarks import gates  # noqa: E402
-
-
-def _bench(name: str):
-    spec = importlib.util.spec_from_file_location(f"bench_{name}_gates", ROOT / "benchmarks" / f"{name}.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+from conftest import load_benchmark as _bench  # noqa: E402
 
 
 def test_failed_precondition_yields_not_tested_and_skips_the_comparison():

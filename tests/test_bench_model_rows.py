@@ -3,7 +3,6 @@ SmolLM2 results are kept; the proposer part's pass@k and val-1.0 gate; the real-
 measured numbers (a judge above chance is not described as at chance)."""
 from __future__ import annotations
 
-import importlib.util
 import json
 import sys
 from pathlib import Path
@@ -13,13 +12,7 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from benchmarks import gates  # noqa: E402
-
-
-def _bench(name: str):
-    spec = importlib.util.spec_from_file_location(f"bench_{name}_model_rows", ROOT / "benchmarks" / f"{name}.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+from conftest import load_benchmark as _bench  # noqa: E402
 
 
 def test_learn_program_results_stem_per_model():

@@ -333,13 +333,9 @@ def test_icl_answer_nll_equals_full_forward_and_prompt_fits_the_context(tiny_lla
 def test_benchmark_partial_reruns_keep_other_rows_and_reductions_follow_the_stored_results():
     """``--tasks`` / the icl part refresh only what they ran; the reductions are read from the stored results,
     so a partial rerun cannot relabel results it did not produce."""
-    import importlib.util
-    from pathlib import Path
+    from conftest import load_benchmark
 
-    path = Path(__file__).resolve().parents[1] / "benchmarks" / "learn_program.py"
-    spec = importlib.util.spec_from_file_location("learn_program_bench", path)
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
+    bench = load_benchmark("learn_program")
     prev = [{"task": "parity_all", "method": "xgboost", "seed": 0, "test_acc": 0.5},
             {"task": "prime_decimal", "method": "xgboost", "seed": 0, "test_acc": 0.6},
             {"task": "prime_decimal", "method": "transformer", "seed": 0, "test_acc": 0.55}]

@@ -1,21 +1,14 @@
 """select-data GEM benchmark metrics: student agreement, the unnormalised LM embedder, the collapse gate."""
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
-
 import numpy as np
 
+from conftest import load_benchmark
 from llmtool.select_data.distill import student_agreement
-
-ROOT = Path(__file__).resolve().parents[1]
 
 
 def _bench():
-    spec = importlib.util.spec_from_file_location("bench_select_data_metrics", ROOT / "benchmarks" / "select_data.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_benchmark("select_data")
 
 
 def _keyword_corpus(n_per: int = 60, k: int = 4, seed: int = 0):

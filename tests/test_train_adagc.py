@@ -350,13 +350,9 @@ def test_clip_policies_refuse_deepspeed_launches(monkeypatch, stage, needle):
 def test_benchmark_subset_adagc_absorbs_a_garbage_fault_better_than_global(tmp_path):
     """The issue's `make test-slow` subset: 1 seed, 1,000 updates of the tiny-Llama benchmark with a garbage
     fault; measured at 500 updates x 2 seeds: loss excess 0.023 (adagc) vs 0.164 (global)."""
-    import importlib.util
-    from pathlib import Path
+    from conftest import load_benchmark
 
-    path = Path(__file__).resolve().parents[1] / "benchmarks" / "train_adagc.py"
-    spec = importlib.util.spec_from_file_location("train_adagc_bench", path)
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
+    bench = load_benchmark("train_adagc")
     res = bench.main(["--steps", "1000", "--fault-step", "400", "--window", "400", "--seeds", "1", "--batch-size", "4",
                       "--arms", "global,adagc", "--faults", "garbage", "--optimizers", "adamw", "--workers", "2",
                       "--overhead-steps", "0", "--out", str(tmp_path / "adagc")])
@@ -366,14 +362,9 @@ def test_benchmark_subset_adagc_absorbs_a_garbage_fault_better_than_global(tmp_p
 
 
 def _bench_module():
-    import importlib.util
-    from pathlib import Path
+    from conftest import load_benchmark
 
-    path = Path(__file__).resolve().parents[1] / "benchmarks" / "train_adagc.py"
-    spec = importlib.util.spec_from_file_location("train_adagc_bench_fast", path)
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
-    return bench
+    return load_benchmark("train_adagc")
 
 
 def test_benchmark_forked_faulted_runs_equal_runs_from_scratch_and_are_kept_in_the_runs_file(tmp_path):

@@ -3,23 +3,14 @@ the regime measurements (per-tensor log-sd of gradient norms, the rule's long-ru
 accumulation) and the grad-fault gate that replaced 'spike score adagc <= global'."""
 from __future__ import annotations
 
-import importlib.util
 import math
-from pathlib import Path
 
 import pytest
 import torch
 
+from conftest import load_benchmark
 
-def _bench():
-    path = Path(__file__).resolve().parents[1] / "benchmarks" / "train_adagc.py"
-    spec = importlib.util.spec_from_file_location("train_adagc_bench_h6", path)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
-
-
-B = _bench()  # puts the repository root on sys.path
+B = load_benchmark("train_adagc")  # puts the repository root on sys.path
 from benchmarks import gates  # noqa: E402
 
 
