@@ -318,17 +318,24 @@ class RotatedNorm(nn.Module):
         return self.norm(x) @ r.to(x.dtype)
 
 
+def _install_norm_matrices(layer: nn.Module, pairs) -> None:
+    """Wrap each ``(path, matrix)`` norm of the block in :class:`RotatedNorm`, or update its matrix if wrapped."""
+    from llmtool.core import arch
+
+    for path, m in pairs:
+        norm = layer.get_submodule(path)
+        if isinstance(norm, RotatedNorm):
+            norm.rotation.copy_(m.detach().float())
+        else:
+            arch.set_module(layer, path, RotatedNorm(norm, m))
+
+
 def install_post_norm_rotations(layer: nn.Module, r_attn: torch.Tensor, r_mlp: torch.Tensor) -> None:
     """Wrap the block's attention / MLP output norms (sandwich norms) in :class:`RotatedNorm`."""
     from llmtool.core import arch
 
     spec = arch.arch_of_layer(layer)
-    for path, r in ((spec.attn_out_norm, r_attn), (spec.mlp_out_norm, r_mlp)):
-        norm = layer.get_submodule(path)
-        if isinstance(norm, RotatedNorm):
-            norm.rotation.copy_(r.detach().float())
-        else:
-            arch.set_module(layer, path, RotatedNorm(norm, r))
+    _install_norm_matrices(layer, ((spec.attn_out_norm, r_attn), (spec.mlp_out_norm, r_mlp)))
 
 
 def install_pre_norm_matrices(layer: nn.Module, m_in: torch.Tensor, m_ff: torch.Tensor) -> None:
@@ -337,12 +344,7 @@ def install_pre_norm_matrices(layer: nn.Module, m_in: torch.Tensor, m_ff: torch.
     from llmtool.core import arch
 
     spec = arch.arch_of_layer(layer)
-    for path, m in ((spec.input_norm, m_in), (spec.post_attention_norm, m_ff)):
-        norm = layer.get_submodule(path)
-        if isinstance(norm, RotatedNorm):
-            norm.rotation.copy_(m.detach().float())
-        else:
-            arch.set_module(layer, path, RotatedNorm(norm, m))
+    _install_norm_matrices(layer, ((spec.input_norm, m_in), (spec.post_attention_norm, m_ff)))
 
 
 def pre_norm_matrices(layer: nn.Module) -> tuple[RotatedNorm, RotatedNorm] | None:
