@@ -160,6 +160,28 @@ def test_calibration_batches_are_seeded_windows(tiny_tokenizer, tiny_text_file):
     assert any(ids[s:s + 16].tolist() == row for s in range(ids.numel() - 15))
 
 
+def test_calibration_windows_start_with_the_scoring_bos_only_when_asked(tiny_tokenizer, tiny_text_file):
+    """Issue 40: Gemma's calibration windows start with its BOS (as its perplexity windows do); a tokenizer
+    without a scoring BOS gets the same windows, draw for draw, so SmolLM2/Qwen results do not move."""
+    class AddsBos:  # the tiny tokenizer, but putting BOS first when encoding with special tokens (Gemma)
+        bos_token_id = 5
+
+        def __call__(self, text, add_special_tokens=True, return_attention_mask=False):
+            ids = tiny_tokenizer(text, add_special_tokens=False, return_attention_mask=False)["input_ids"]
+            return {"input_ids": ([5] if add_special_tokens else []) + list(ids)}
+
+    plain = data.calibration_batches(tiny_tokenizer, tiny_text_file, n=4, seqlen=16, seed=3)
+    if data.scoring_bos(tiny_tokenizer) is None:
+        assert torch.equal(plain, data.calibration_batches(tiny_tokenizer, tiny_text_file, n=4, seqlen=16, seed=3,
+                                                           bos=True))
+    gemma_like = AddsBos()
+    without = data.calibration_batches(gemma_like, tiny_text_file, n=4, seqlen=16, seed=3)
+    with_bos = data.calibration_batches(gemma_like, tiny_text_file, n=4, seqlen=16, seed=3, bos=True)
+    assert torch.equal(without, plain)
+    assert with_bos.shape == (4, 16) and (with_bos[:, 0] == 5).all()
+    assert torch.equal(with_bos[:, 1:], plain[:, :15])  # the same draws, one text token fewer
+
+
 def test_cli_version_and_ppl_json(tiny_llama_dir, tiny_text_file):
     code, out, _ = run_cli("--version")
     assert code == 0 and out.startswith("llmtool ")

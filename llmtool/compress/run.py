@@ -62,10 +62,11 @@ def compress(model_arg: str, out: Path, cfg: CompressConfig, overwrite: bool = F
         needs_data = cfg.needs_data
         calib = grad = None
         if needs_data:
-            calib = data_mod.calibration_batches(tok, cfg.calib_data, cfg.calib_samples, cfg.calib_seqlen, cfg.seed)
+            calib = data_mod.calibration_batches(tok, cfg.calib_data, cfg.calib_samples, cfg.calib_seqlen, cfg.seed,
+                                                 bos=True)
             if hasattr(cfg, "grad_samples"):
                 grad = data_mod.calibration_batches(tok, cfg.calib_data, cfg.grad_samples, cfg.grad_seqlen,
-                                                    cfg.grad_seed)
+                                                    cfg.grad_seed, bos=True)
         extra: dict = {}
         if stream:
             from llmtool.core import arch

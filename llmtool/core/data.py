@@ -165,12 +165,22 @@ def tokenize(tokenizer, text: str, chunk_chars: int = TOKENIZE_CHUNK_CHARS) -> t
 
 
 def calibration_batches(tokenizer, source: str | Path = DEFAULT_CALIB, n: int = 32, seqlen: int = 512,
-                        seed: int = 0) -> torch.Tensor:
+                        seed: int = 0, bos: bool = False) -> torch.Tensor:
     """``n`` random windows of ``seqlen`` tokens of the concatenated tokenized text, as [n, seqlen]
-    (the SVD-LLM / GPTQ calibration protocol)."""
+    (the SVD-LLM / GPTQ calibration protocol).
+
+    ``bos=True``: a model whose tokenizer starts every text with BOS (:func:`scoring_bos`: Gemma, Llama 2/3)
+    gets windows of BOS + ``seqlen - 1`` text tokens, as its perplexity windows are scored (issue 40: Gemma 3
+    calibrated on windows without BOS turns the first text token into the attention sink, whose massive
+    activations then dominate the calibration statistics). For a tokenizer without a scoring BOS (SmolLM2,
+    Qwen2.5) the windows are the same either way, draw for draw."""
     ids = tokenize(tokenizer, load_text(source))
     if ids.numel() <= seqlen:
         raise UsageError(f"{source}: only {ids.numel()} tokens, need more than --seqlen {seqlen}")
+    first = scoring_bos(tokenizer) if bos else None
     g = torch.Generator().manual_seed(seed)
     starts = torch.randint(0, ids.numel() - seqlen, (n,), generator=g)
-    return torch.stack([ids[s:s + seqlen] for s in starts.tolist()])
+    if first is None:
+        return torch.stack([ids[s:s + seqlen] for s in starts.tolist()])
+    head = torch.tensor([first], dtype=ids.dtype)
+    return torch.stack([torch.cat([head, ids[s:s + seqlen - 1]]) for s in starts.tolist()])

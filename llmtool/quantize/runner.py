@@ -69,7 +69,8 @@ def run_quantize(model, out: Path, cfg, calib_data: str, calib_samples: int, cal
         src = j.model_path
         tok, m = j.tokenizer, j.model
         needs_calib = cfg.weight_algorithm == "gptq" or getattr(cfg, "train_steps", 0) > 0
-        calib = data_mod.calibration_batches(tok, calib_data, calib_samples, calib_seqlen, OPTIONS.seed) \
+        calib = data_mod.calibration_batches(tok, calib_data, calib_samples, calib_seqlen, OPTIONS.seed,
+                                             bos=True) \
             if needs_calib else None
         metrics: dict = j.report
         ids = data_mod.tokenize(tok, data_mod.load_text(eval_data)) if evaluate else None
