@@ -117,7 +117,7 @@ def regate(tag: str) -> None:
 
     jf, mf = RESULTS / f"{tag}.json", RESULTS / f"{tag}.md"
     res = json.loads(jf.read_text())
-    doms = list(res["accuracy"]["base"])
+    doms = res.get("mean_over") or list(res["accuracy"]["base"])
     res["gates"] = route_gates(res["accuracy"], res["mean_accuracy"], res["routing_quality"], doms)
     jf.write_text(json.dumps(res, indent=2, default=str))
     md = mf.read_text()
@@ -141,24 +141,97 @@ def mean_gap_ci(a: list[dict], b: list[dict]) -> dict:
             "n": n}
 
 
+def pooled_gap_ci(a_runs: list[list[dict]], b_runs: list[list[dict]]) -> dict:
+    """Paired difference over items of the per-item correctness averaged over runs (seeds): a − b, normal 95 %
+    interval with items as the unit (the runs are paired on the same items)."""
+    def avg(runs):
+        acc: dict = {}
+        for items in runs:
+            for x in items:
+                acc.setdefault(x["id"], []).append(int(x["correct"]))
+        return {k: sum(v) / len(v) for k, v in acc.items()}
+
+    a, b = avg(a_runs), avg(b_runs)
+    d = [a[k] - b[k] for k in a if k in b]
+    n = len(d)
+    m = sum(d) / n
+    sd = math.sqrt(sum((x - m) ** 2 for x in d) / max(1, n - 1))
+    half = 1.96 * sd / math.sqrt(n)
+    return {"mean_gap_points": round(100 * m, 2), "ci95_points": [round(100 * (m - half), 2), round(100 * (m + half), 2)],
+            "n": n, "runs": [len(a_runs), len(b_runs)]}
+
+
+def items_of(ev: dict, doms: list[str]) -> list[dict]:
+    return [x for x in ev["items"] if x["domain"] in doms]
+
+
+JOINT_WEAK = 0.30  # the joint gate tests "fusion combines the experts" only when each expert alone is <= 30 % on joint
+
+
+def extra_gates(acc: dict, mean: dict, seeds: dict, doms: list[str], has_joint: bool, cdpo: dict | None) -> list[dict]:
+    """Gates added for issue 42: the joint task, fusion vs SFT-union over seeds, stage 2 vs stage 1."""
+    from benchmarks.gates import tied
+
+    out = []
+    if has_joint:
+        ex = {f"expert:{d}": acc[f"expert:{d}"]["joint"] for d in doms}
+        best = max(ex, key=ex.get)
+        weak = all(v <= JOINT_WEAK for v in ex.values())
+        out.append(gate("joint: FusionRoute >= best single expert on joint + 5 points",
+                        acc["fusion"]["joint"] >= ex[best] + 0.05,
+                        {"fusion": acc["fusion"]["joint"], **ex},
+                        precondition=weak, reason=f"an expert alone reaches > {100 * JOINT_WEAK:.0f} % on joint "
+                        "(the task does not need both experts)"))
+    if seeds.get("fusion_minus_sft_union"):
+        g = seeds["fusion_minus_sft_union"]
+        fm, um = seeds["mean"]["fusion"], seeds["mean"]["sft-union"]
+        out.append(gate(f"FusionRoute mean >= SFT-union mean over {g['runs'][0]} seeds (paired interval above 0)",
+                        g["ci95_points"][0] > 0, {"fusion": fm, "sft-union": um, "paired_gap": g},
+                        precondition=not tied(fm, um), reason="the two arms are tied"))
+    if cdpo is not None:
+        out.append(gate("stage 2 (CDPO) mean >= stage 1 mean (same router, same items)",
+                        mean["fusion+cdpo"] >= mean["fusion"], {"stage2": round(mean["fusion+cdpo"], 4),
+                                                                 "stage1": round(mean["fusion"], 4), "paired_gap": cdpo},
+                        precondition=not tied(mean["fusion+cdpo"], mean["fusion"]),
+                        reason="stage 1 and stage 2 have equal means (tied arms)"))
+    return out
+
+
+def fmt_lam(x: float) -> str:
+    return f"{x:g}"
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--model", default="smollm2-135m")
     ap.add_argument("--domains", default="math,code")
     ap.add_argument("--train", type=int, default=160, help="training rows per domain (issue protocol: 2000)")
     ap.add_argument("--test", type=int, default=40, help="test rows per domain (issue protocol: 200)")
+    ap.add_argument("--joint", type=int, default=-1, help="joint report-only rows (-1 = --test; 0 = no joint set)")
+    ap.add_argument("--val", type=int, default=40, help="validation rows per domain for the merge lambda sweep "
+                    "(generated at another seed, prompts of train/test dropped; 0 = no sweep, lambda 1)")
+    ap.add_argument("--lams", default="0.3,0.5,0.7,1.0", help="merge lambdas swept on the validation split")
     ap.add_argument("--router-rows", type=int, default=96, help="router SFT rows (mixed; 0 = all training rows)")
+    ap.add_argument("--expert-rows", default="", help="train each expert (and sft-union, and the router's sample) on "
+                    "the first N training rows of its domain, e.g. math=1200,code=320 (default: all)")
     ap.add_argument("--expert-lr", type=float, default=2e-4)
     ap.add_argument("--router-lr", type=float, default=1e-4)
     ap.add_argument("--epochs", type=float, default=1.0)
     ap.add_argument("--batch-size", type=int, default=8)
     ap.add_argument("--union-max-steps", type=int, default=-1,
-                    help="sft-union steps (-1 = --epochs over the union, the experts' combined budget)")
+                    help="sft-union steps on the router's SFT data (the union of the domains; spec: the same token "
+                         "budget as the router): -1 = --epochs over it, as the router")
     ap.add_argument("--max-new-tokens", type=int, default=24, help="24 fits the longest code answer (21 tokens)")
     ap.add_argument("--template", default="raw", help="raw (CPU default: shorter sequences) or chat")
     ap.add_argument("--cdpo", action="store_true", help="also run make-prefs + stage cdpo and evaluate it")
-    ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--work", default=None, help="work dir (default: a fresh temp dir)")
+    ap.add_argument("--prefs-limit", type=int, default=64, help="router rows sampled for the CDPO preference pairs")
+    ap.add_argument("--seeds", default="", help="comma-separated extra seeds for the router and sft-union (the data "
+                    "and the experts stay those of --seed), e.g. 1,2")
+    ap.add_argument("--stop-at", default="", help="HH:MM (UTC): the stage-2 part and each extra seed start only before "
+                    "this time; a part not started is listed under 'skipped_for_time' (results stay labelled)")
+    ap.add_argument("--note", default="", help="a sentence printed under the title (e.g. how the experts were made)")
+    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--work", default=None, help="work dir (default: a fresh temp dir); finished steps are reused")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--tag", default="route")
     ap.add_argument("--regate", action="store_true",
@@ -174,20 +247,57 @@ def main() -> None:
     work = Path(args.work or tempfile.mkdtemp(prefix="route-bench-"))
     work.mkdir(parents=True, exist_ok=True)
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "LLMTOOL_THREADS": str(args.threads), "ROUTE_BENCH_WORK": str(work),
-           "TOKENIZERS_PARALLELISM": "false"}
+           "TOKENIZERS_PARALLELISM": "false", "OMP_NUM_THREADS": str(args.threads)}
     g = ["--seed", str(args.seed)]
     log: list = json.loads((work / "steps.json").read_text()) if (work / "steps.json").is_file() else []
     t_start = time.time()
     doms = [d.strip() for d in args.domains.split(",") if d.strip()]
+    n_joint = args.test if args.joint < 0 else args.joint
+    lams = [float(x) for x in args.lams.split(",") if x.strip()] if args.val else [1.0]
+    extra_seeds = [int(x) for x in args.seeds.split(",") if x.strip() and int(x) != args.seed]
     T = ["--template", args.template]
     gen = ["--max-new-tokens", str(args.max_new_tokens), "--batch-size", "16"] + T
 
     data = work / "data"
     if not data.exists():
-        run_measured(g + ["route", "data", data, "--domains", args.domains, "--train", args.train, "--test", args.test],
-                     log, env)
+        run_measured(g + ["route", "data", data, "--domains", args.domains, "--train", args.train, "--test", args.test]
+                     + (["--transfer", "joint"] if n_joint else []), log, env)
     train, test = data / "train.jsonl", data / "test.jsonl"
     rows = [json.loads(x) for x in train.read_text().splitlines()]
+    test_rows = [json.loads(x) for x in test.read_text().splitlines()]
+    # the joint set: report-only, never trained on; a joint item whose arithmetic is also a math training question
+    # is dropped (no overlap with train)
+    joint_rows, joint_dropped = [], 0
+    if n_joint:
+        train_text = "\n".join(r["prompt"] for r in rows)
+        for r in (json.loads(x) for x in (data / "transfer.jsonl").read_text().splitlines()):
+            if r["domain"] != "joint":
+                continue
+            if f": {r['arith']} =" in train_text:
+                joint_dropped += 1
+                continue
+            joint_rows.append(r)
+        joint_rows = joint_rows[:n_joint]
+    evalset = work / "eval.jsonl"
+    evalset.write_text("".join(json.dumps(r) + "\n" for r in test_rows + joint_rows))
+
+    # validation split for the merge sweep: another data seed, prompts of train and test dropped
+    val = work / "val.jsonl"
+    if args.val and not val.exists():
+        vdir = work / "valdata"
+        if not vdir.exists():
+            run_measured(["--seed", str(args.seed + 1000), "route", "data", vdir, "--domains", args.domains,
+                          "--train", 1, "--test", args.val], log, env)
+        seen = {r["prompt"] for r in rows + test_rows}
+        vrows = [json.loads(x) for x in (vdir / "test.jsonl").read_text().splitlines()]
+        val.write_text("".join(json.dumps(r) + "\n" for r in vrows if r["prompt"] not in seen))
+
+    # the experts' training data: every training row, or the first N rows of each domain (--expert-rows)
+    if args.expert_rows:
+        caps = {k.strip(): int(v) for k, v in (x.split("=") for x in args.expert_rows.split(",") if x.strip())}
+        rows = [r for d in doms for r in [x for x in rows if x["domain"] == d][:caps.get(d, len(rows))]]
+        train = work / "experts-train.jsonl"
+        train.write_text("".join(json.dumps(r) + "\n" for r in rows))
     router_data = work / "router.jsonl"
     if args.router_rows and args.router_rows < len(rows):
         rnd = random.Random(args.seed)
@@ -195,6 +305,9 @@ def main() -> None:
         router_data.write_text("".join(json.dumps(r) + "\n" for r in sub))
     else:
         router_data.write_text(train.read_text())
+    n_router = sum(1 for _ in router_data.read_text().splitlines())
+    router_steps = math.ceil(n_router * args.epochs / args.batch_size)
+    union_steps = args.union_max_steps
 
     experts_dir = work / "experts"
     tr = ["--epochs", args.epochs, "--batch-size", args.batch_size] + T
@@ -202,63 +315,202 @@ def main() -> None:
         run_measured(g + ["route", "make-experts", args.model, experts_dir, "--data", train, "--lr", args.expert_lr] + tr,
                      log, env)
     experts = ",".join(str(experts_dir / d) for d in doms)
-    fr = work / "fr"
-    if not fr.exists():
-        run_measured(g + ["route", "train", fr, "--data", router_data, "--experts", experts, "--base", args.model,
-                          "--lr", args.router_lr] + tr, log, env)
     base_b = ["--experts", experts, "--base", args.model]
-    for name, extra in (("ta", ["--method", "merge-ta"]), ("dare", ["--method", "merge-dare"]),
-                        ("union", ["--method", "sft-union", "--data", train, "--lr", args.expert_lr,
-                                   "--epochs", args.epochs, "--max-steps", args.union_max_steps,
-                                   "--batch-size", args.batch_size] + T),
-                        ("seq", ["--method", "seq-select", "--in", test] + gen),
-                        ("tok", ["--method", "token-select", "--in", test] + gen)):
-        if not (work / name).exists():
-            run_measured(g + ["route", "baseline", work / name] + extra + base_b, log, env)
-    if args.cdpo and not (work / "fr-cdpo").exists():
-        run_measured(g + ["route", "make-prefs", "--router", fr, "--data", router_data, "-o", work / "prefs.jsonl",
-                          "--limit", "32", "--max-new-tokens", str(args.max_new_tokens), "--overwrite"], log, env)
-        run_measured(g + ["route", "train", work / "fr-cdpo", "--stage", "cdpo", "--init", fr, "--data",
-                          work / "prefs.jsonl", "--lr", "1e-5", "--batch-size", "4"], log, env)
 
-    systems = {"base": ["--model", args.model]}
-    for i, d in enumerate(doms):
-        systems[f"expert:{d}"] = ["--model", experts_dir / d]
-    systems.update({"fusion": ["--router", fr, "--mode", "fusion"], "route-only": ["--router", fr, "--mode", "route-only"],
-                    "router-only": ["--router", fr, "--mode", "router-only"],
-                    "seq-select": ["--generations", work / "seq" / "generations.jsonl"],
-                    "token-select": ["--generations", work / "tok" / "generations.jsonl"],
-                    "merge-ta": ["--model", work / "ta"], "merge-dare": ["--model", work / "dare"],
-                    "sft-union": ["--model", work / "union"]})
-    if args.cdpo:
-        systems["fusion+cdpo"] = ["--router", work / "fr-cdpo", "--mode", "fusion"]
-    evals, mem = {}, {}
-    for name, sel in systems.items():
+    def sfx(s: int) -> str:
+        return "" if s == args.seed else f"-s{s}"
+
+    def train_router_union(s: int) -> None:
+        gs = ["--seed", str(s)]
+        fr_s = work / f"fr{sfx(s)}"
+        if not fr_s.exists():
+            run_measured(gs + ["route", "train", fr_s, "--data", router_data, "--experts", experts, "--base", args.model,
+                               "--lr", args.router_lr] + tr, log, env)
+        un = work / f"union{sfx(s)}"
+        if not un.exists():
+            run_measured(gs + ["route", "baseline", un, "--method", "sft-union", "--data", router_data, "--lr", args.expert_lr,
+                               "--epochs", args.epochs, "--max-steps", union_steps, "--batch-size", args.batch_size]
+                         + T + base_b, log, env)
+
+    def evaluate(name: str, sel: list, data_file: Path = evalset, gs=g) -> dict:
         out = work / f"eval-{name.replace(':', '-')}.json"
         if not out.exists():
-            rec = run_measured(g + ["route", "eval", "--data", test, "-o", out] + sel + gen, log, env)
+            rec = run_measured(gs + ["route", "eval", "--data", data_file, "-o", out] + sel + gen, log, env)
             mem[name] = rec["peak_rss_mib"]
-        evals[name] = json.loads(out.read_text())
+        return json.loads(out.read_text())
 
-    # routing quality on held-out single-domain gold sequences (in-process)
+    mem: dict = {}
+    train_router_union(args.seed)
+    fr = work / "fr"
+
+    # merges: lambda swept on the validation split, the best-on-val lambda evaluated on test
+    sweep: dict = {"merge-ta": {}, "merge-dare": {}}
+    for method, short in (("merge-ta", "ta"), ("merge-dare", "dare")):
+        for lam in lams:
+            d = work / f"{short}-l{fmt_lam(lam)}"
+            if not d.exists():
+                run_measured(g + ["route", "baseline", d, "--method", method, "--lam", lam] + base_b, log, env)
+            if args.val:
+                ev = evaluate(f"val-{short}-l{fmt_lam(lam)}", ["--model", d], val)
+                sweep[method][fmt_lam(lam)] = ev["mean_accuracy"]
+    best_lam = {m: (max(lams, key=lambda x: (v[fmt_lam(x)], -abs(x - 1.0))) if v else 1.0) for m, v in sweep.items()}
+
+    gen_baselines = {"seq-select": ("seq", ["--method", "seq-select", "--scorer", "judge", "--in", evalset]),
+                     # the verifier picks among the judge run's candidates (the same greedy answers, not generated twice)
+                     "seq-select:verifier": ("seq-verifier", ["--method", "seq-select", "--scorer", "verifier",
+                                                               "--candidates", work / "seq" / "generations.jsonl",
+                                                               "--in", evalset]),
+                     "token-select": ("tok", ["--method", "token-select", "--value", "implicit", "--in", evalset]),
+                     "token-select:confidence": ("tok-conf", ["--method", "token-select", "--value", "confidence",
+                                                              "--in", evalset])}
+    for name, (d, extra) in gen_baselines.items():
+        if not (work / d).exists():
+            run_measured(g + ["route", "baseline", work / d] + extra + gen + base_b, log, env)
+
+    systems = {"base": ["--model", args.model]}
+    for d in doms:
+        systems[f"expert:{d}"] = ["--model", experts_dir / d]
+    systems.update({"fusion": ["--router", fr, "--mode", "fusion"], "route-only": ["--router", fr, "--mode", "route-only"],
+                    "router-only": ["--router", fr, "--mode", "router-only"]})
+    for name, (d, _) in gen_baselines.items():
+        systems[name] = ["--generations", work / d / "generations.jsonl"]
+    systems.update({"merge-ta": ["--model", work / f"ta-l{fmt_lam(best_lam['merge-ta'])}"],
+                    "merge-dare": ["--model", work / f"dare-l{fmt_lam(best_lam['merge-dare'])}"],
+                    "sft-union": ["--model", work / "union"]})
+    evals: dict = {}
+    for name, sel in systems.items():
+        evals[name] = evaluate(name, sel)
+    # seq-select's oracle scorer keeps the row's domain expert's greedy answer: its accuracy is each expert's on its
+    # own domain (from their evaluations above; no joint row has a domain expert)
+    evals["seq-select:oracle"] = {
+        "domains": {d: {k: v for k, v in evals[f"expert:{d}"]["domains"][d].items() if k != "expert_share"}
+                    for d in doms},
+        "items": [x for d in doms for x in evals[f"expert:{d}"]["items"] if x["domain"] == d]}
+    order = list(systems)
+    order.insert(order.index("seq-select:verifier") + 1, "seq-select:oracle")
+    systems = {k: systems.get(k, []) for k in order}
+
+    skipped: list = []
+
+    def time_left(part: str) -> bool:
+        if not args.stop_at:
+            return True
+        import datetime
+
+        now = datetime.datetime.now(datetime.timezone.utc).strftime("%H:%M")
+        if now < args.stop_at:
+            return True
+        skipped.append(part)
+        print(f"skipped for time ({now} >= --stop-at {args.stop_at}): {part}", flush=True)
+        return False
+
+    # stage 2 (CDPO) from the seed's stage-1 router, compared on the same items
+    if args.cdpo and ((work / "eval-fusion+cdpo.json").exists() or time_left("stage 2 (CDPO)")):
+        if not (work / "fr-cdpo").exists():
+            if not (work / "prefs.jsonl").exists():
+                run_measured(g + ["route", "make-prefs", "--router", fr, "--data", router_data, "-o",
+                                  work / "prefs.jsonl", "--limit", str(args.prefs_limit), "--max-new-tokens",
+                                  str(args.max_new_tokens), "--batch-size", "16"], log, env)
+            run_measured(g + ["route", "train", work / "fr-cdpo", "--stage", "cdpo", "--init", fr, "--data",
+                              work / "prefs.jsonl", "--lr", "1e-5", "--batch-size", "4"], log, env)
+        systems["fusion+cdpo"] = ["--router", work / "fr-cdpo", "--mode", "fusion"]
+        evals["fusion+cdpo"] = evaluate("fusion+cdpo", systems["fusion+cdpo"])
+
+    # extra seeds for the router and sft-union (same data, experts and items)
+    seed_evals = {k: {args.seed: evals[k]} for k in ("fusion", "route-only", "sft-union")}
+    done_seeds = []
+    for s in extra_seeds:
+        if not all((work / f"eval-{n}{sfx(s)}.json").exists() for n in ("fusion", "route-only", "sft-union")) \
+                and not time_left(f"seed {s}"):
+            continue
+        done_seeds.append(s)
+        train_router_union(s)
+        gs = ["--seed", str(s)]
+        seed_evals["fusion"][s] = evaluate(f"fusion{sfx(s)}", ["--router", work / f"fr{sfx(s)}", "--mode", "fusion"], gs=gs)
+        seed_evals["route-only"][s] = evaluate(f"route-only{sfx(s)}", ["--router", work / f"fr{sfx(s)}", "--mode",
+                                                                        "route-only"], gs=gs)
+        seed_evals["sft-union"][s] = evaluate(f"sft-union{sfx(s)}", ["--model", work / f"union{sfx(s)}"], gs=gs)
+
+    # routing quality on held-out gold sequences (in-process): single-domain test rows, and the joint rows
     from llmtool.core.job import apply_threads
     from llmtool.route.analysis import routing_quality
     from llmtool.route.router import load_router
+    from llmtool.route.tasks import correct
     from llmtool.route.vocab import VocabView
 
     apply_threads(args.threads)
     router, tok, models, meta = load_router(fr)
-    test_rows = [json.loads(x) for x in test.read_text().splitlines()]
-    rq = routing_quality(router, models, VocabView(meta.vocab_size_used, meta.n_tokens), tok, test_rows,
-                         {d: i for i, d in enumerate(doms)}, template=args.template)
+    vv = VocabView(meta.vocab_size_used, meta.n_tokens)
+    rq = routing_quality(router, models, vv, tok, test_rows, {d: i for i, d in enumerate(doms)}, template=args.template)
+    rq_joint = None
+    if joint_rows:
+        # on joint there is no "matching" expert: the rate below is the share of informative positions routed to
+        # expert 0 (doms[0])
+        q = routing_quality(router, models, vv, tok, joint_rows, {"joint": 0}, template=args.template)
+        rq_joint = {"informative_fraction": q["informative_fraction"], "informative_positions": q["informative_positions"],
+                    "positions": q["positions"], f"share_routed_to_{doms[0]}": q["matching_expert_rate"]}
+    del router, models
 
-    acc = {n: {d: e["domains"][d]["accuracy"] for d in doms} for n, e in evals.items()}
-    ci = {n: {d: e["domains"][d]["ci95"] for d in doms} for n, e in evals.items()}
-    mean = {n: sum(v.values()) / len(v) for n, v in acc.items()}
+    cols = doms + (["joint"] if joint_rows else [])
+    acc = {n: {d: e["domains"][d]["accuracy"] for d in cols if d in e["domains"]} for n, e in evals.items()}
+    ci = {n: {d: e["domains"][d]["ci95"] for d in cols if d in e["domains"]} for n, e in evals.items()}
+    mean = {n: sum(v[d] for d in doms) / len(doms) for n, v in acc.items()}
     expert_names = [f"expert:{d}" for d in doms]
     best_expert = max(expert_names, key=lambda n: mean[n])
     gates = route_gates(acc, mean, rq, doms)
-    gap = mean_gap_ci(evals["fusion"]["items"], evals["route-only"]["items"])
+    # the generation baselines' gate covers every scorer / value now
+    sel_names = ["seq-select", "seq-select:verifier", "token-select", "token-select:confidence"]
+    gates = [x for x in gates if not x["gate"].startswith("FusionRoute mean >= token-select")]
+    gates.append(gate("FusionRoute mean >= every seq-select (judge, verifier) and token-select (implicit, confidence) mean",
+                      all(mean["fusion"] >= mean[k] for k in sel_names),
+                      {k: round(mean[k], 4) for k in ["fusion"] + sel_names}))
+    gap = mean_gap_ci(items_of(evals["fusion"], doms), items_of(evals["route-only"], doms))
+    gap_joint = (mean_gap_ci(items_of(evals["fusion"], ["joint"]), items_of(evals["route-only"], ["joint"]))
+                 if joint_rows else None)
+    # joint: the oracle of sequence selection ("either expert's answer is correct"), from the judge run's candidates
+    seq_any_joint = None
+    if joint_rows:
+        cands = {r["id"]: r.get("candidates") for r in (json.loads(x) for x in
+                                                          (work / "seq" / "generations.jsonl").read_text().splitlines())}
+        ok = [any(correct(r, c) for c in (cands.get(r["id"]) or [])) for r in joint_rows]
+        seq_any_joint = {"correct": sum(ok), "n": len(ok), "accuracy": round(sum(ok) / len(ok), 4)}
+
+    # seeds: per-seed accuracy, mean and sd over seeds, paired gaps per seed and pooled over seeds
+    seeds_all = [args.seed] + done_seeds
+    per_seed = {k: {str(s): {d: v[s]["domains"][d]["accuracy"] for d in cols} for s in seeds_all if s in v}
+                for k, v in seed_evals.items()}
+    seed_summary: dict = {"seeds": seeds_all, "per_seed": per_seed, "mean": {}, "sd": {}, "per_seed_gaps": {}}
+    for k, v in per_seed.items():
+        ms = [sum(a[d] for d in doms) / len(doms) for a in v.values()]
+        seed_summary["mean"][k] = round(sum(ms) / len(ms), 4)
+        seed_summary["sd"][k] = round(math.sqrt(sum((m - sum(ms) / len(ms)) ** 2 for m in ms) / max(1, len(ms) - 1)), 4)
+        if joint_rows:
+            js = [a["joint"] for a in v.values()]
+            seed_summary["mean"][k + " (joint)"] = round(sum(js) / len(js), 4)
+    for other in ("route-only", "sft-union"):
+        key = f"fusion_minus_{other.replace('-', '_')}"
+        seed_summary["per_seed_gaps"][key] = {str(s): mean_gap_ci(items_of(seed_evals["fusion"][s], doms),
+                                                                  items_of(seed_evals[other][s], doms))
+                                              for s in seeds_all if s in seed_evals["fusion"] and s in seed_evals[other]}
+        seed_summary[key] = pooled_gap_ci([items_of(e, doms) for e in seed_evals["fusion"].values()],
+                                          [items_of(e, doms) for e in seed_evals[other].values()])
+        if joint_rows:
+            seed_summary[key + "_joint"] = pooled_gap_ci([items_of(e, ["joint"]) for e in seed_evals["fusion"].values()],
+                                                         [items_of(e, ["joint"]) for e in seed_evals[other].values()])
+    cdpo_gap = (mean_gap_ci(items_of(evals["fusion+cdpo"], doms), items_of(evals["fusion"], doms))
+                if "fusion+cdpo" in evals else None)
+    cdpo_info = None
+    if cdpo_gap is not None:
+        prefs = [json.loads(x) for x in (work / "prefs.jsonl").read_text().splitlines()]
+        cdpo_rep = json.loads((work / "fr-cdpo" / "report.json").read_text()) if (work / "fr-cdpo" / "report.json").is_file() else {}
+        cdpo_info = {"pairs": len(prefs), "pairs_by_domain": {d: sum(p["domain"] == d for p in prefs) for d in doms},
+                     "chosen_from_gold": sum(p["chosen_source"] == "gold" for p in prefs),
+                     "paired_gap_vs_stage1": cdpo_gap,
+                     "paired_gap_vs_stage1_joint": (mean_gap_ci(items_of(evals["fusion+cdpo"], ["joint"]),
+                                                                items_of(evals["fusion"], ["joint"]))
+                                                    if joint_rows else None),
+                     "train_report": {k: v for k, v in cdpo_rep.items() if not isinstance(v, (list, dict))}}
+    gates += extra_gates(acc, mean, seed_summary if len(seeds_all) > 1 else {}, doms, bool(joint_rows), cdpo_gap)
 
     tps = {n: evals[n].get("tokens_per_s") for n in evals}
     cost = {"fusion_tokens_per_s": tps.get("fusion"), "single_expert_tokens_per_s": tps.get(expert_names[0]),
@@ -268,36 +520,100 @@ def main() -> None:
             "scaling": "memory = router + n experts resident (n+1 models); compute per token = router + the selected "
                        "expert (plus catch-up prefill when the route switches); experts could sit behind "
                        "OpenAI-compatible endpoints only if those return full next-token log-probs over the vocabulary"}
-    result = {"config": vars(args), "work": "(temp dir)", "accuracy": acc, "ci95": ci, "mean_accuracy": mean,
-              "best_expert": best_expert, "fusion_minus_route_only": gap, "routing_quality": rq,
-              "expert_share": {n: {d: evals[n]["domains"][d].get("expert_share") for d in doms}
-                               for n in ("fusion", "route-only", "token-select", "seq-select") if n in evals},
+    share_names = ["fusion", "route-only", "token-select", "token-select:confidence", "seq-select",
+                   "seq-select:verifier"] + (["fusion+cdpo"] if "fusion+cdpo" in evals else [])
+    result = {"config": {**vars(args), "work": "$W"}, "work": "(temp dir)", "sizes": {
+                  "train_per_domain": args.train, "test_per_domain": args.test, "joint": len(joint_rows),
+                  "joint_dropped_overlap_with_math_train": joint_dropped,
+                  "val": sum(1 for _ in val.read_text().splitlines()) if args.val else 0,
+                  "expert_rows": {d: sum(r["domain"] == d for r in rows) for d in doms},
+                  "router_rows": n_router, "router_steps": router_steps, "union_steps": union_steps},
+              "accuracy": acc, "ci95": ci, "mean_accuracy": mean, "mean_over": doms,
+              "best_expert": best_expert, "fusion_minus_route_only": gap, "fusion_minus_route_only_joint": gap_joint,
+              "routing_quality": rq, "routing_quality_joint": rq_joint,
+              "expert_share": {n: {d: evals[n]["domains"][d].get("expert_share") for d in cols if d in evals[n]["domains"]}
+                               for n in share_names if n in evals},
+              "merge_sweep_val": sweep, "merge_best_lambda": best_lam, "seq_select_any_correct_joint": seq_any_joint,
+              "seeds": seed_summary, "cdpo": cdpo_info, "skipped_for_time": skipped,
               "cost": cost, "gates": gates, "steps": log, "seconds_total": round(time.time() - t_start, 1)}
     RESULTS.mkdir(exist_ok=True)
     (RESULTS / f"{args.tag}.json").write_text(json.dumps(result, indent=2, default=str))
 
     from llmtool.core.console import markdown_table
 
+    labels = {"merge-ta": f"merge-ta (λ={fmt_lam(best_lam['merge-ta'])}, best on val)",
+              "merge-dare": f"merge-dare (λ={fmt_lam(best_lam['merge-dare'])}, best on val)",
+              "seq-select": "seq-select (judge)", "token-select": "token-select (implicit)",
+              "fusion+cdpo": "fusion + stage 2 (CDPO)"}
     table = []
     for n in systems:
-        row = {"system": n}
-        for d in doms:
-            lo, hi = ci[n][d]
-            row[d] = f"{100 * acc[n][d]:.1f} [{100 * lo:.0f}, {100 * hi:.0f}]"
-        row["mean"] = f"{100 * mean[n]:.1f}"
+        row = {"system": labels.get(n, n)}
+        for d in cols:
+            if d in acc[n]:
+                lo, hi = ci[n][d]
+                row[d] = f"{100 * acc[n][d]:.1f} [{100 * lo:.0f}, {100 * hi:.0f}]"
+            else:
+                row[d] = "-"
+        row[f"mean ({'+'.join(doms)})"] = f"{100 * mean[n]:.1f}"
+        sh = evals[n]["domains"].get("joint", {}).get("expert_share") if joint_rows else None
+        if joint_rows:
+            row["joint expert share"] = (", ".join(f"{k} {v:.2f}" for k, v in sh.items()) if sh else "-")
         row["tok/s"] = tps.get(n) if tps.get(n) is not None else "-"
         table.append(row)
-    gl = gate_rows(gates)
-    md = [f"# route benchmark ({args.model}, domains {', '.join(doms)}, {args.train} train / {args.test} test per domain, "
-          f"template {args.template}, greedy, seed {args.seed})", "",
-          "Accuracy % per domain with Wilson 95 % interval:", "", markdown_table(table), "",
-          f"FusionRoute − route-only (paired, points): {gap['mean_gap_points']} "
-          f"[{gap['ci95_points'][0]}, {gap['ci95_points'][1]}] over {gap['n']} items.", "",
-          f"Routing quality (held-out gold sequences): matching expert on {rq['matching_expert_rate']} of informative "
-          f"positions; informative fraction {rq['informative_fraction']:.3f}.", "",
-          f"Cost: fusion {cost['fusion_tokens_per_s']} tok/s vs single expert {cost['single_expert_tokens_per_s']} tok/s "
-          f"(ratio {cost['ratio_fusion_over_expert']}); peak RSS MiB per eval process: {json.dumps(mem)}", "",
-          "Gates:", "", markdown_table(gl), "", "Commands:", "", "```"] + [s["cmd"] for s in log] + ["```", ""]
+    sweep_rows = [{"lambda": fmt_lam(x), **{m: (f"{100 * sweep[m][fmt_lam(x)]:.1f}" if fmt_lam(x) in sweep[m] else "-")
+                                              for m in sweep}} for x in lams] if args.val else []
+    seed_rows = []
+    for k, v in per_seed.items():
+        for s, a in v.items():
+            seed_rows.append({"system": k, "seed": s, **{d: f"{100 * a[d]:.1f}" for d in cols},
+                              "mean": f"{100 * sum(a[d] for d in doms) / len(doms):.1f}"})
+    sz = result["sizes"]
+    md = [f"# route benchmark ({args.model}, domains {', '.join(doms)}, {args.train} train / {args.test} test per domain"
+          f" + {sz['joint']} joint, template {args.template}, greedy, data/expert seed {args.seed})", "",
+          f"Experts: {json.dumps(sz['expert_rows'])} training rows (batch {args.batch_size}); "
+          f"router: {n_router} rows, {router_steps} steps; sft-union: the router's rows, "
+          f"{union_steps if union_steps > 0 else router_steps} steps; merge λ picked on {sz['val']} validation rows (another data seed, no train/test prompt); joint: "
+          f"{sz['joint']} rows ({joint_dropped} dropped whose arithmetic is a math training question).", "",
+          ] + ([args.note, ""] if args.note else []) + ([f"Not run for time: {', '.join(skipped)}.", ""] if skipped else []) + [
+          "Accuracy % per domain with Wilson 95 % interval (mean over the trained domains; joint is report-only):", "",
+          markdown_table(table), "",
+          f"FusionRoute − route-only (paired, points, {'+'.join(doms)}): {gap['mean_gap_points']} "
+          f"[{gap['ci95_points'][0]}, {gap['ci95_points'][1]}] over {gap['n']} items"
+          + (f"; on joint: {gap_joint['mean_gap_points']} [{gap_joint['ci95_points'][0]}, {gap_joint['ci95_points'][1]}]"
+             f" over {gap_joint['n']} items." if gap_joint else "."), ""]
+    if seq_any_joint:
+        md += [f"Sequence selection's ceiling on joint (either expert's answer correct): {seq_any_joint['correct']}/"
+               f"{seq_any_joint['n']}.", ""]
+    md += [f"Routing quality (held-out gold sequences, {'+'.join(doms)}): matching expert on {rq['matching_expert_rate']} "
+           f"of informative positions; informative fraction {rq['informative_fraction']:.3f}."
+           + (f" On joint gold answers: informative fraction {rq_joint['informative_fraction']:.3f}, share of informative "
+              f"positions routed to {doms[0]} {rq_joint[f'share_routed_to_{doms[0]}']}." if rq_joint else ""), ""]
+    if sweep_rows:
+        md += ["Merge λ sweep (validation mean accuracy %, " + "+".join(doms) + "):", "", markdown_table(sweep_rows), ""]
+    if len(seeds_all) > 1:
+        md += [f"Seeds (router and sft-union seeds {', '.join(map(str, seeds_all))}; data, experts and items fixed):", "",
+               markdown_table(seed_rows), ""]
+        for key in ("fusion_minus_route_only", "fusion_minus_sft_union"):
+            gk = seed_summary[key]
+            md.append(f"- {key.replace('_', ' ')} (paired over items, per-item correctness averaged over seeds): "
+                      f"{gk['mean_gap_points']} [{gk['ci95_points'][0]}, {gk['ci95_points'][1]}] points"
+                      + (f"; joint {seed_summary[key + '_joint']['mean_gap_points']} "
+                         f"[{seed_summary[key + '_joint']['ci95_points'][0]}, {seed_summary[key + '_joint']['ci95_points'][1]}]"
+                         if joint_rows else "") + "; per seed: "
+                      + ", ".join(f"{s}: {x['mean_gap_points']} [{x['ci95_points'][0]}, {x['ci95_points'][1]}]"
+                                  for s, x in seed_summary["per_seed_gaps"][key].items()))
+        md.append("")
+    if cdpo_info:
+        c = cdpo_info["paired_gap_vs_stage1"]
+        md += [f"Stage 2 (CDPO, {cdpo_info['pairs']} preference pairs {json.dumps(cdpo_info['pairs_by_domain'])}, "
+               f"{cdpo_info['chosen_from_gold']} with the gold answer as chosen) − stage 1 (paired, same items): "
+               f"{c['mean_gap_points']} [{c['ci95_points'][0]}, {c['ci95_points'][1]}] points"
+               + (f"; joint {cdpo_info['paired_gap_vs_stage1_joint']['mean_gap_points']} "
+                  f"[{cdpo_info['paired_gap_vs_stage1_joint']['ci95_points'][0]}, "
+                  f"{cdpo_info['paired_gap_vs_stage1_joint']['ci95_points'][1]}]" if joint_rows else "") + ".", ""]
+    md += [f"Cost: fusion {cost['fusion_tokens_per_s']} tok/s vs single expert {cost['single_expert_tokens_per_s']} tok/s "
+           f"(ratio {cost['ratio_fusion_over_expert']}); peak RSS MiB per eval process: {json.dumps(mem)}", "",
+           "Gates:", "", markdown_table(gate_rows(gates)), "", "Commands:", "", "```"] + [s["cmd"] for s in log] + ["```", ""]
     (RESULTS / f"{args.tag}.md").write_text("\n".join(md))
     try:
         import matplotlib
@@ -305,13 +621,13 @@ def main() -> None:
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
 
-        fig, ax = plt.subplots(figsize=(10, 4))
+        fig, ax = plt.subplots(figsize=(12, 4))
         names = list(systems)
-        width = 0.8 / len(doms)
-        for j, d in enumerate(doms):
-            ax.bar([i + j * width for i in range(len(names))], [100 * acc[n][d] for n in names], width, label=d)
-        ax.set_xticks([i + width * (len(doms) - 1) / 2 for i in range(len(names))])
-        ax.set_xticklabels(names, rotation=35, ha="right")
+        width = 0.8 / len(cols)
+        for j, d in enumerate(cols):
+            ax.bar([i + j * width for i in range(len(names))], [100 * acc[n].get(d, 0) for n in names], width, label=d)
+        ax.set_xticks([i + width * (len(cols) - 1) / 2 for i in range(len(names))])
+        ax.set_xticklabels([labels.get(n, n) for n in names], rotation=35, ha="right", fontsize=7)
         ax.set_ylabel("accuracy %")
         ax.legend()
         ax.set_title("llmtool route: accuracy per domain")

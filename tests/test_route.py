@@ -428,3 +428,62 @@ def test_cli_bad_inputs(cli_setup, tmp_path):
     code, _, err = run_cli("route", "generate", "--router", str(run), "--in", str(data), "-o", str(g),
                            "--experts", f"{root}/experts/math,{other}")
     assert code == 2 and "tokenizer.json" in err and not g.exists()
+
+
+def test_seq_select_verifier_prefers_well_formed_answers_ties_by_judge(tok, monkeypatch):
+    """The verifier scorer: the domain's format reward first (math: a bare integer; code/joint: a function that
+    parses), the judge's mean log-likelihood only among equally well-formed answers."""
+    import llmtool.core.lm as lm
+    from llmtool.route.baselines import seq_select
+
+    # a fake judge that always prefers expert 1's answer (higher mean log-likelihood)
+    calls = []
+
+    def fake_nll(judge, tokenizer, prompts, outs):
+        calls.append(len(outs))
+        return [1.0 if len(calls) == 2 else 5.0 for _ in outs]
+
+    monkeypatch.setattr(lm, "completion_nll", fake_nll)
+    good_code, bad_code = "def f(x):\n    return x + 1", "def f(x):\n    return ("
+    rows = [{"domain": "math", "prompt": "1 + 5 ="}, {"domain": "code", "prompt": "write f"},
+            {"domain": "joint", "prompt": "write f with C"}, {"domain": "code", "prompt": "write g"},
+            {"domain": "math", "prompt": "2 + 2 ="}]
+    outs = [["6", "17", bad_code, "17", "4"],                 # expert 0
+            [good_code, good_code, good_code, bad_code, "5"]]  # expert 1
+    judge_picks = seq_select(outs, rows, "judge", judge=object(), tokenizer=tok, template="raw")
+    assert judge_picks == [1, 1, 1, 1, 1]
+    calls.clear()
+    picks = seq_select(outs, rows, "verifier", judge=object(), tokenizer=tok, template="raw")
+    # math: only expert 0 wrote a bare integer; code/joint: only expert 1 parses; row 4: neither parses and
+    # row 5: both are integers -> the judge (expert 1)
+    assert picks == [0, 1, 1, 1, 1]
+
+
+def test_cli_seq_select_verifier_reuses_candidates(cli_setup, tmp_path):
+    """`--scorer verifier --candidates FILE` picks among an earlier run's answers (no generation): with the judge's
+    own candidates it keeps each row's well-formed answer when only one is well-formed, and refuses a file that
+    lacks a row's candidates."""
+    root, base, data = cli_setup
+    experts = f"{root}/experts/math,{root}/experts/reverse"
+    code, out, err = run_cli("route", "baseline", str(tmp_path / "judge"), "--method", "seq-select", "--experts", experts,
+                             "--base", str(base), "--in", str(data), "--max-new-tokens", "4", "--template", "raw")
+    assert code == 0, err + out
+    gens = [json.loads(x) for x in (tmp_path / "judge" / "generations.jsonl").read_text().splitlines()]
+    assert all(len(r["candidates"]) == 2 for r in gens)
+    # plant a well-formed answer for one expert per row: math rows get "7" from expert 1, reverse rows "olleh" from 0
+    for r in gens:
+        r["candidates"] = ["x y z", "7"] if r["domain"] == "math" else ["olleh", "1 2"]
+    cand = tmp_path / "cand.jsonl"
+    cand.write_text("".join(json.dumps(r) + "\n" for r in gens))
+    code, out, err = run_cli("route", "baseline", str(tmp_path / "ver"), "--method", "seq-select", "--scorer", "verifier",
+                             "--candidates", str(cand), "--experts", experts, "--base", str(base), "--in", str(data),
+                             "--template", "raw")
+    assert code == 0, err + out
+    got = [json.loads(x) for x in (tmp_path / "ver" / "generations.jsonl").read_text().splitlines()]
+    assert [r["chosen_expert"] for r in got] == [1 if r["domain"] == "math" else 0 for r in got]
+    assert [r["output"] for r in got] == ["7" if r["domain"] == "math" else "olleh" for r in got]
+    cand.write_text("".join(json.dumps({**r, "candidates": r["candidates"][:1]}) + "\n" for r in gens))
+    code, _, err = run_cli("route", "baseline", str(tmp_path / "bad"), "--method", "seq-select", "--scorer", "verifier",
+                           "--candidates", str(cand), "--experts", experts, "--base", str(base), "--in", str(data),
+                           "--template", "raw")
+    assert code == 2 and "candidates" in err and not (tmp_path / "bad").exists()

@@ -127,3 +127,67 @@ def test_code_scorer_ignores_forged_lines_and_fails_violations():
     leak = head.rstrip() + "\n    try:\n        open('/etc/hostname')\n    except OSError:\n        pass\n" \
         "    return " + ret
     assert not correct(row, leak)                                       # right values, but a violation
+
+
+# ------------------------------------------------------------------------------------- joint (issue 42)
+def _joint_row(seed: int) -> dict:
+    it = codetasks.joint_item(seed)
+    return {"domain": "joint", "answer": it["answer"], "tests": it["tests"], "literal": it["literal"],
+            "arith": it["arith"], "prompt": it["question"]}
+
+
+def test_joint_items_need_the_sum_as_a_literal():
+    items = [codetasks.joint_item(s) for s in range(40)]
+    assert items == [codetasks.joint_item(s) for s in range(40)]
+    assert len({re.sub(r"\d+", "K", it["answer"].split("return ")[1]) for it in items}) >= 6
+    passed_expr = 0
+    for s in range(30):
+        row = _joint_row(s)
+        a, op, b = row["arith"].split()
+        c = int(a) + int(b) if op == "+" else int(a) - int(b)
+        assert row["literal"] == str(c) and 10 <= c <= 99 and c not in (int(a), int(b))
+        assert f"C is the value of {row['arith']}." in row["prompt"] and "C as a single integer literal" in row["prompt"]
+        assert correct(row, row["answer"]), row                         # the reference passes
+        head, body = row["answer"].split("return ")
+        expr = body.replace(row["literal"], f"({row['arith']})")
+        assert not correct(row, head + "return " + expr)                # the right values, no literal: wrong
+        # ...while the same text passes the plain code scorer (the tests alone do not tell them apart)
+        passed_expr += codetasks.score(row, head + "return " + expr) == 1.0
+        assert not correct(row, row["literal"])                          # the math expert's bare number: wrong
+        assert not correct(row, head + "return " + body.replace(row["literal"], str(c + 1)))  # wrong constant
+        assert not correct(row, head + "return " + body.replace(row["literal"], a))           # an operand
+    assert passed_expr == 30
+
+
+def test_joint_literal_is_a_whole_number_token():
+    assert codetasks.has_literal("def f(x):\n    return x + 82", "82")
+    assert codetasks.has_literal("def f(x):\n    return [e * 82 for e in x]", "82")
+    for other in ("return x + 182", "return x + 821", "return x + 8.2", "return x + 82.0", "return x + v82",
+                  "return x + 37 + 45"):
+        assert not codetasks.has_literal("def f(x):\n    " + other, "82"), other
+
+
+def test_joint_set_from_route_data_transfer(tmp_path):
+    code, out, err = run_cli("route", "data", tmp_path / "d", "--domains", "math,code", "--train", "5", "--test", "4",
+                             "--transfer", "joint", "--json")
+    assert code == 0, err
+    tx = [json.loads(x) for x in (tmp_path / "d" / "transfer.jsonl").read_text().splitlines()]
+    assert len(tx) == 4 and all(r["domain"] == "joint" and r["literal"] and r["tests"] for r in tx)
+    assert all(correct(r, r["answer"]) for r in tx)
+    train = (tmp_path / "d" / "train.jsonl").read_text()
+    assert not any(r["prompt"] in train for r in tx)
+    # trainable=False: joint cannot be a training domain
+    code, _, err = run_cli("route", "data", tmp_path / "e", "--domains", "math,joint", "--train", "5", "--test", "4")
+    assert code == 2 and "transfer-only" in err
+
+
+def test_format_ok_parses_but_never_runs(tmp_path):
+    from llmtool.route.tasks import format_ok
+
+    assert format_ok("math", "42") and format_ok("math", " -7\n") and not format_ok("math", "42 apples")
+    assert not format_ok("math", "def f(x):\n    return 42")
+    assert format_ok("code", "def f(x):\n    return x + 1") and format_ok("joint", "```python\ndef f(x):\n    return 3\n```")
+    assert not format_ok("code", "def f(x):\n    return (") and not format_ok("code", "42")
+    marker = tmp_path / "ran"
+    assert format_ok("code", f"def f(x):\n    open({str(marker)!r}, 'w').write('x')\n    return x")
+    assert not marker.exists()                        # parsed, not executed

@@ -4,7 +4,10 @@ one registered method each (``llmtool route baseline --method NAME``):
 - ``seq-select``: every expert writes a full answer, a scorer picks one. Scorers [R]: ``judge`` — the
   highest mean token log-likelihood of the answer under a judge model (default: the base model; the
   paper uses a reward model, none ships offline); ``vote`` — majority of the extracted answers (ties:
-  judge); ``oracle`` — the expert named for the row's domain (upper bound). Cost ≈ n × one expert.
+  judge); ``verifier`` — a rule-based format reward a user without gold answers can compute
+  (:func:`llmtool.route.tasks.format_ok`: math a bare integer, code/joint a first function that parses with
+  ``ast.parse``, parsing only), ties (all or none well-formed) broken by the judge; ``oracle`` — the expert
+  named for the row's domain (upper bound). Cost ≈ n × one expert.
 - ``token-select``: Collab-style training-free token-level controlled decoding over the experts'
   proposals (see :mod:`llmtool.route.decoding`).
 - ``merge-ta`` / ``merge-dare``: Task Arithmetic / DARE merges of the experts into the base
@@ -29,8 +32,10 @@ class SeqSelectConfig(MethodConfig):
     name: ClassVar[str] = "seq-select"
     help: ClassVar[str] = "All experts answer; a scorer picks one answer per prompt."
     kind: ClassVar[str] = "generate"
-    scorer: str = option("judge", "Answer picker: judge (mean log-lik under --base), vote, oracle (by domain).",
-                         choices=("judge", "vote", "oracle"))
+    scorer: str = option("judge", "Answer picker: judge (mean log-lik under --base), vote, verifier (format reward "
+                         "per domain, ties by judge), oracle (by domain).", choices=("judge", "vote", "verifier", "oracle"))
+    candidates: str = option("", "A seq-select generations.jsonl whose rows carry every expert's answer "
+                             "('candidates', in --experts order): pick among those instead of generating again.")
 
 
 @BASELINES.config
@@ -80,7 +85,7 @@ def seq_select(outputs: list[list[str]], rows: list[dict], scorer: str, expert_d
     n = len(outputs)
     picks = []
     judge_scores = None
-    if scorer in ("judge", "vote"):
+    if scorer in ("judge", "vote", "verifier"):
         from llmtool.core.lm import completion_nll
         from llmtool.route.pipeline import render
 
@@ -107,6 +112,11 @@ def seq_select(outputs: list[list[str]], rows: list[dict], scorer: str, expert_d
             best = max(counts.values())
             tied = [i for i in range(n) if counts[answers[i]] == best]
             picks.append(max(tied, key=lambda i: judge_scores[i][j]))
+        elif scorer == "verifier":
+            from llmtool.route.tasks import format_ok
+
+            reward = [float(format_ok(r.get("domain"), outputs[i][j])) for i in range(n)]
+            picks.append(max(range(n), key=lambda i: (reward[i], judge_scores[i][j])))
         else:
             picks.append(max(range(n), key=lambda i: judge_scores[i][j]))
     return picks

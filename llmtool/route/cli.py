@@ -492,20 +492,36 @@ def baseline_cmd(
 
                 vocab = VocabView.of(models, tok)
                 outs, recs_all, secs = [], [], 0.0
-                for i, m in enumerate(models):
-                    recs, summ = run_generation(rows, tok, lambda m=m: FusionChooser(None, [m], vocab, "expert", 0),
-                                                [m], mode=f"expert:{i}", max_new_tokens=max_new_tokens,
-                                                batch_size=batch_size, template=template, desc=f"expert {i}")
-                    outs.append([r["output"] for r in recs])
-                    recs_all.append(recs)
-                    secs += summ["seconds"]
-                judge = load_model(j.model_path) if config.scorer in ("judge", "vote") else None
+                if config.candidates:
+                    # every expert's answer from an earlier seq-select run on the same prompts (no generation)
+                    prev = {str(r["id"]): r for r in read_rows(Path(config.candidates), required=("output",))}
+                    for r in rows:
+                        c = prev.get(str(r["id"]), {}).get("candidates")
+                        if not isinstance(c, list) or len(c) != len(models):
+                            raise UsageError(f"--candidates {config.candidates}: no {len(models)} candidates for id "
+                                             f"{r['id']!r}")
+                    for i in range(len(models)):
+                        outs.append([prev[str(r["id"])]["candidates"][i] for r in rows])
+                        recs_all.append([{"id": r["id"], "output": o, "n_tokens": len(tok(o, add_special_tokens=False)
+                                                                                     ["input_ids"]),
+                                          "finish": "candidates", "seconds": 0.0,
+                                          **({"domain": r["domain"]} if "domain" in r else {})}
+                                         for r, o in zip(rows, outs[i])])
+                else:
+                    for i, m in enumerate(models):
+                        recs, summ = run_generation(rows, tok, lambda m=m: FusionChooser(None, [m], vocab, "expert", 0),
+                                                    [m], mode=f"expert:{i}", max_new_tokens=max_new_tokens,
+                                                    batch_size=batch_size, template=template, desc=f"expert {i}")
+                        outs.append([r["output"] for r in recs])
+                        recs_all.append(recs)
+                        secs += summ["seconds"]
+                judge = load_model(j.model_path) if config.scorer in ("judge", "vote", "verifier") else None
                 picks = seq_select(outs, rows, config.scorer, names, judge, tok, template)
                 recs = []
                 for jx, (r, k) in enumerate(zip(rows, picks)):
                     rec = dict(recs_all[k][jx])
                     rec.update(mode="seq-select", route_trace=[k] * rec["n_tokens"], expert_share={names[k]: 1.0},
-                               chosen_expert=k)
+                               chosen_expert=k, candidates=[o[jx] for o in outs])
                     recs.append(rec)
                 summary = {"seconds": round(secs, 3)}
             else:

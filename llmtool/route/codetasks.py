@@ -186,3 +186,53 @@ def humaneval_score(row: dict, output: str) -> float:
     res = run_python(humaneval_program(meta, output), harness=humaneval_harness(meta),
                      limits=SandboxLimits(cpu_seconds=10, wall_seconds=20))
     return float(res.completed and res.returncode == 0 and res.violation is None and not res.timed_out)
+
+
+# ---------------------------------------------------------------------------------------- joint
+# The report-only ``joint`` domain (issue 42): one answer needs both experts. The task is a code task whose
+# constant is the value of a two-term arithmetic problem of the ``math`` domain's kind ("37 + 45", "61 - 18"),
+# and the constant must be written as one integer literal. [R] Families: the int and list families above whose
+# constant is a number in 2..99 (the list-prefix, string and counting families are left out: their constants are
+# small or bounded by 49). Operands are two 1-2 digit numbers (2..99), the operator + or -, drawn until the value
+# C lies in 10..99 and differs from both operands (so copying an operand is wrong). Correct = the sandboxed hidden
+# tests pass (as for ``code``) AND the integer literal C occurs in the extracted function's text (a regex, no
+# execution): ``return x + 37 + 45`` computes the right values but does not count.
+JOINT_FAMILIES = tuple(f for f in FAMILIES if f[3] == (2, 99))
+
+
+def joint_item(seed: int) -> dict:
+    """One joint task from ``seed``: prompt, reference code with the literal, hidden tests, the literal and the
+    arithmetic expression."""
+    rng = random.Random(seed)
+    kind, desc, expr, _, ref = JOINT_FAMILIES[rng.randrange(len(JOINT_FAMILIES))]
+    while True:
+        a, b, op = rng.randint(2, 99), rng.randint(2, 99), rng.choice("+-")
+        c = a + b if op == "+" else a - b
+        if 10 <= c <= 99 and c not in (a, b):
+            break
+    v = rng.choice(_names(kind))
+    arith = f"{a} {op} {b}"
+    code = f"def f({v}):\n    return {expr.format(v=v, k=c)}"
+    tests = [[[x], ref(x, c)] for x in _inputs(kind, c, rng)]
+    q = (f"Write a Python function f({v}) that {desc.format(v=v, k='C')}, where C is the value of {arith}. "
+         f"Write C as a single integer literal.")
+    return {"question": q, "answer": code, "tests": tests, "literal": str(c), "arith": arith}
+
+
+def joint_items(seed: int, size: int):
+    return (joint_item(seed + i) for i in range(max(8 * size, 16)))
+
+
+def has_literal(code: str, literal: str) -> bool:
+    """Whether the integer ``literal`` occurs in ``code`` as a whole number token (not part of a longer number,
+    a name or a float). Text only, nothing runs."""
+    return re.search(rf"(?<![\w.]){re.escape(literal)}(?![\w.])", code) is not None
+
+
+def joint_score(row: dict, output: str) -> float:
+    """1.0 when the output's function passes the hidden tests in the sandbox and writes the constant as the
+    integer literal ``row["literal"]``."""
+    lit = str(row.get("literal") or "")
+    if not lit or not has_literal(extract_code(output), lit):
+        return 0.0
+    return score(row, output)

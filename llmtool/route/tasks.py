@@ -13,6 +13,9 @@ score of 1.0 counts as correct):
   tests run in the shared sandbox (:mod:`llmtool.route.codetasks`).
 - ``gsm``: ``gsm_symbolic`` (100 GSM8K-derived templates), a hard math *transfer* set: report only,
   never trained on.
+- ``joint``: a report-only set where one answer needs both experts: a ``code`` task whose constant is the
+  value of a ``math``-style sum or difference, to be written as one integer literal (scored by the sandboxed
+  hidden tests AND a regex for the literal; :func:`llmtool.route.codetasks.joint_item`).
 
 Reconstructed choices [R]: every prompt ends with "Answer with the result only." so that a base model
 has a fair chance at the expected format; train and test splits use seeds 500,000 apart (reasoning-gym seeds item i with
@@ -62,6 +65,8 @@ DOMAINS: dict[str, Domain] = {
     "reverse": Domain("reverse", "spell_backward", {"min_word_len": 3, "max_word_len": 5}, _first_word),
     "code": Domain("code", "code", items=codetasks.items, suffix=codetasks.SUFFIX, scorer=codetasks.score),
     "gsm": Domain("gsm", "gsm_symbolic", {}, _last_int, trainable=False),
+    "joint": Domain("joint", "joint", trainable=False, items=codetasks.joint_items, suffix=codetasks.SUFFIX,
+                    scorer=codetasks.joint_score),
     "humaneval": Domain("humaneval", "humaneval", trainable=False, items=codetasks.humaneval_items, suffix="",
                         scorer=codetasks.humaneval_score),
 }
@@ -97,7 +102,7 @@ def make_split(name: str, size: int, seed: int, split: str, exclude: set[str] = 
         seen.add(q)
         ans = str(item["answer"])
         row = {"id": f"{name}-{split}-{len(rows)}", "domain": name, "prompt": q, "answer": ans, "response": ans}
-        for key in ("tests", "humaneval"):
+        for key in ("tests", "humaneval", "literal", "arith"):
             if key in item:
                 row[key] = item[key]
         rows.append(row)
@@ -135,3 +140,32 @@ def correct(row: dict, output: str) -> bool:
     return score(row, output) >= 1.0
 
 
+
+
+_BARE_INT = re.compile(r"\s*-?\d+\s*")
+
+
+def format_ok(domain_name: str | None, output: str) -> bool:
+    """A verifier a user without gold answers can apply: does ``output`` have the domain's answer *format*?
+    ``math``/``gsm``: the output is a bare integer; ``code``/``joint``/``humaneval``: the output's first function
+    parses with :func:`ast.parse` (parsing only; nothing is executed); ``reverse``: one word. A row without a
+    known domain accepts either a bare integer or a parsing function."""
+    import ast
+
+    def parses() -> bool:
+        code = codetasks.extract_code(output)
+        if not code:
+            return False
+        try:
+            ast.parse(code)
+        except (SyntaxError, ValueError):
+            return False
+        return True
+
+    if domain_name in ("math", "gsm"):
+        return _BARE_INT.fullmatch(output) is not None
+    if domain_name in ("code", "joint", "humaneval"):
+        return parses()
+    if domain_name == "reverse":
+        return re.fullmatch(r"\s*[A-Za-z]+\s*", output) is not None
+    return _BARE_INT.fullmatch(output) is not None or parses()
