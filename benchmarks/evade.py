@@ -26,6 +26,13 @@ Similarity at matched detection (definition used): the mean similarity over the 
 *evades* (not flagged at the fixed threshold), so attacks are compared on outputs with the same
 detection outcome; reported with the count.
 
+beta0 sweep (issue 43; driven by benchmarks/evade_sweep.py): an attack ``bira@B`` runs BIRA at the fixed
+beta0 = B (e.g. ``bira@-2``); the pseudo-attack ``calibrate`` measures the calibrated beta0 as its own stage;
+``--fresh-calibration`` points the beta0 cache at an empty temporary file for that measurement, so it is
+re-measured and never read from ``~/.cache``; ``--order attack`` runs one attack over every scheme before
+the next; ``--per-text`` stores the per-text similarity, score, flag, perplexity and attempts in the JSON.
+Every row carries a percentile-bootstrap 95 % interval of the mean similarity (``similarity_ci``).
+
 Stages run in priority order (``--order``) and results are written after every stage; with
 ``--stop-at HH:MM`` (UTC) a stage not started by then is skipped and listed in ``meta.skipped``.
 
@@ -48,6 +55,54 @@ import torch
 RESULTS = Path(__file__).resolve().parent / "results"
 SCHEMES = ["kgw", "unigram", "exp", "dip"]
 ATTACKS = ["none", "vanilla", "bira-cal", "bira-4", "word-delete", "synonym"]
+FIXED_BIRA = "bira@"          # "bira@-2": BIRA at the fixed beta0 = -2 (the beta0 sweep)
+CALIBRATE = "calibrate"       # pseudo-attack: the beta0 calibration as its own stage
+BOOT_DRAWS = 2000
+
+
+def fixed_beta0(attack_name: str) -> float | None:
+    """The fixed beta0 of a ``bira@B`` attack name (``bira@-2`` -> -2.0); None for any other attack.
+    A positive beta0 (a bias *towards* the source tokens) is refused."""
+    if not attack_name.startswith(FIXED_BIRA):
+        return None
+    try:
+        beta0 = float(attack_name[len(FIXED_BIRA):])
+    except ValueError:
+        raise ValueError(f"{attack_name}: expected bira@<beta0>, e.g. bira@-2") from None
+    if not beta0 <= 0 or beta0 != beta0:
+        raise ValueError(f"{attack_name}: beta0 must be <= 0")
+    return beta0
+
+
+def similarity_interval(values, seed: int = 0, draws: int = BOOT_DRAWS, level: float = 0.95) -> list[float] | None:
+    """Percentile-bootstrap interval of the mean of per-text similarities (``draws`` resamples of the texts,
+    numpy generator seeded by ``seed``); None for fewer than two values."""
+    import numpy as np
+
+    from llmtool.core.intervals import bootstrap_mean_ci
+
+    values = list(values)
+    if len(values) < 2:
+        return None
+    idx = np.random.default_rng(seed).integers(0, len(values), size=(draws, len(values)))
+    return list(bootstrap_mean_ci(values, idx, level))
+
+
+def fresh_beta0_cache():
+    """Context manager: the beta0 cache of llmtool.evade.beta_cache points at a new empty temporary file,
+    so a calibration inside it is measured, not looked up (``~/.cache`` is neither read nor written)."""
+    import contextlib
+    import tempfile
+    from unittest import mock
+
+    from llmtool.evade import beta_cache
+
+    @contextlib.contextmanager
+    def ctx():
+        with tempfile.TemporaryDirectory() as tmp, \
+                mock.patch.object(beta_cache, "cache_path", lambda: Path(tmp) / "evade" / "beta0.json"):
+            yield
+    return ctx()
 
 
 def self_bleu(texts: list[str]) -> float:
@@ -67,12 +122,19 @@ def main(argv=None) -> int:
     ap.add_argument("--n-neg", type=int, default=505, help="human negatives per scheme")
     ap.add_argument("--max-new-tokens", type=int, default=100)
     ap.add_argument("--schemes", nargs="+", default=SCHEMES)
-    ap.add_argument("--attacks", nargs="+", default=ATTACKS, help=f"{ATTACKS} and optionally emoji")
+    ap.add_argument("--attacks", nargs="+", default=ATTACKS,
+                    help=f"{ATTACKS} and optionally emoji, bira@<beta0> (fixed beta0) and calibrate")
     ap.add_argument("--bira4-schemes", nargs="+", default=None, help="schemes for bira-4 (default: all)")
     ap.add_argument("--calib-texts", type=int, default=50)
-    ap.add_argument("--order", default="stage", choices=["stage", "scheme"],
+    ap.add_argument("--order", default="stage", choices=["stage", "scheme", "attack"],
                     help="stage: every scheme's generation and cheap attacks first, then paraphrase attacks "
-                         "scheme by scheme; scheme: one scheme at a time")
+                         "scheme by scheme; scheme: one scheme at a time; attack: generation and cheap attacks "
+                         "first, then each paraphrase attack (in --attacks order) over every scheme")
+    ap.add_argument("--fresh-calibration", action="store_true",
+                    help="measure the calibrated beta0 with the cache pointed at an empty temporary file "
+                         "(never read from ~/.cache)")
+    ap.add_argument("--per-text", action="store_true",
+                    help="store per-text similarity, score, flag, perplexity and attempts in the JSON")
     ap.add_argument("--stop-at", default=None, help="UTC HH:MM; stages not started by then are skipped")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--batch-size", type=int, default=16)
@@ -81,6 +143,12 @@ def main(argv=None) -> int:
     ap.add_argument("--nli-model", default=None, metavar="DIR",
                     help="local NLI classifier directory (e.g. roberta-large-mnli): adds NLI entailment columns")
     args = ap.parse_args(argv)
+    for a in args.attacks:
+        try:
+            fixed_beta0(a)
+        except ValueError as e:
+            print(f"error: {e}", file=sys.stderr)
+            return 2
     torch.set_num_threads(args.threads)
     if args.nli_model is not None:
         from llmtool.core.console import UsageError
@@ -176,7 +244,16 @@ def main(argv=None) -> int:
             rec[f"tpr@fpr={f:g}_ci"] = list(wilson(k, n))
         sims = embedder.similarity(marked[name], texts) if attack != "none" else [1.0] * n
         ev = [s for s, fl in zip(sims, flags) if not fl]
-        ppl = [p for p in perplexity_of(model, tok, texts) if p == p]
+        ppl_all = perplexity_of(model, tok, texts)
+        ppl = [p for p in ppl_all if p == p]
+        rec["similarity_ci"] = similarity_interval(sims, seed=args.seed)
+        if args.per_text:
+            rec["per_text"] = {"similarity": sims, "score": [d.score for d in dets], "flagged": flags,
+                               "ppl": [p if p == p else None for p in ppl_all],
+                               **({"attempts": [r["iterations"] for r in extra["_results"]],
+                                   "beta_final": [r["beta_final"] for r in extra["_results"]]}
+                                  if extra and "_results" in extra else {})}
+        extra = {k: v for k, v in (extra or {}).items() if k != "_results"}
         rec.update({"similarity": statistics.fmean(sims), "similarity_evaded": statistics.fmean(ev) if ev else None,
                     "n_evaded": len(ev), "ppl_median": statistics.median(ppl) if ppl else None,
                     "self_bleu": self_bleu(texts), "mean_score": statistics.fmean(d.score for d in dets),
@@ -217,7 +294,13 @@ def main(argv=None) -> int:
             state["skipped"].append(f"{name}/{attack_name} (no watermarked texts)")
             return
         extra = {}
-        if attack_name in ("bira-cal", "bira-4"):
+        if fixed_beta0(attack_name) is not None:
+            beta0 = fixed_beta0(attack_name)
+            res = REG.get("bira")(marked[name], ctx_for(name, BiraConfig(beta0, 1.0, 0, 0.0)))
+            extra["beta0"] = beta0
+            extra["first_try_degenerate_rate"] = statistics.fmean(r["iterations"] > 1 for r in res)
+            extra["_results"] = res
+        elif attack_name in ("bira-cal", "bira-4"):
             beta0 = -4.0 if attack_name == "bira-4" else calibration()
             res = REG.get("bira")(marked[name], ctx_for(name, BiraConfig(beta0, 1.0, 0, 0.0)))
             extra["beta0"] = beta0
@@ -235,20 +318,31 @@ def main(argv=None) -> int:
             return state["calibration"]["beta0"]
         t0 = time.time()
         # the library path of `evade attack --method bira` without --beta0 (same cache entry for these settings)
-        beta0, entry = beta_cache.calibrate_for_rewriter(para, resolve_model(args.model), texts=args.calib_texts,
-                                                         temperature=0.7, top_p=0.9, seed=args.seed)
+        model_dir = resolve_model(args.model)
+        with (fresh_beta0_cache() if args.fresh_calibration else _no_context()):
+            beta0, entry = beta_cache.calibrate_for_rewriter(para, model_dir, texts=args.calib_texts,
+                                                             temperature=0.7, top_p=0.9, seed=args.seed)
         state["calibration"] = {"beta0": beta0, "cached": entry["cached"], "note": entry["note"],
-                                "curve": entry["curve"], "texts": args.calib_texts, "seconds": round(time.time() - t0, 1)}
+                                "curve": entry["curve"], "texts": args.calib_texts, "seconds": round(time.time() - t0, 1),
+                                "fresh": bool(args.fresh_calibration)}
         flush()
         return beta0
 
     cheap = [a for a in args.attacks if a in ("word-delete", "synonym")]
-    costly = [a for a in args.attacks if a not in ("none", "word-delete", "synonym")]
+    costly = [a for a in args.attacks if a not in ("none", "word-delete", "synonym", CALIBRATE)]
     bira4 = set(args.bira4_schemes or args.schemes)
     for name in args.schemes:
         run_stage(f"{name}/negatives", lambda name=name: negatives(name))
     plan = []
-    if args.order == "stage":
+    if args.order == "attack":
+        for name in args.schemes:
+            plan += [(f"{name}/generate", name, None)] + [(f"{name}/{a}", name, a) for a in cheap]
+        for a in [a for a in args.attacks if a not in ("none", "word-delete", "synonym")]:
+            if a == CALIBRATE:
+                plan.append((CALIBRATE, None, CALIBRATE))
+                continue
+            plan += [(f"{name}/{a}", name, a) for name in args.schemes if a != "bira-4" or name in bira4]
+    elif args.order == "stage":
         for name in args.schemes:
             plan += [(f"{name}/generate", name, None)] + [(f"{name}/{a}", name, a) for a in cheap]
         for name in args.schemes:
@@ -257,7 +351,12 @@ def main(argv=None) -> int:
         for name in args.schemes:
             plan += [(f"{name}/generate", name, None)] + [(f"{name}/{a}", name, a) for a in cheap + costly
                                                           if a != "bira-4" or name in bira4]
+    if args.order != "attack" and CALIBRATE in args.attacks:
+        plan.insert(0, (CALIBRATE, None, CALIBRATE))
     for label, name, a in plan:
+        if a == CALIBRATE:
+            run_stage(label, calibration)
+            continue
         run_stage(label, (lambda name=name: generate(name)) if a is None else (lambda name=name, a=a: attack(name, a)))
     flush()
     return 0
@@ -378,6 +477,12 @@ def public_argv(argv) -> list[str]:
         else:
             out.append(a)
     return out
+
+
+def _no_context():
+    import contextlib
+
+    return contextlib.nullcontext()
 
 
 def _round(x, digits: int = 3):
