@@ -144,15 +144,20 @@ def uh_scripted(args, work: Path) -> tuple[list[dict], dict]:
         protocols.append(("free", make_judge(args.uh_judge, "free")))
     rows, raw = [], {}
     for report, judge in protocols:
+        # an in-process LLM judge costs a generation per report: --uh-free-runs / --uh-free-cells small bound it
+        free = report == "free"
+        runs = args.uh_free_runs if free and args.uh_free_runs else args.uh_runs
+        small = free and args.uh_free_cells == "small"
         for env_name in ("grid", "seq", "bio"):
-            for steps in (args.uh_small, args.uh_large):
-                for policy, window in (("crnr", args.uh_window), ("sliding", args.uh_window)):
+            for steps in ((args.uh_small,) if small else (args.uh_small, args.uh_large)):
+                for policy, window in ((("crnr", args.uh_window),) if small else
+                                       (("crnr", args.uh_window), ("sliding", args.uh_window))):
                     for kind in ("oracle", "infer", "random"):
                         t0 = time.time()
                         evs = [run_uh(env_name, UHScript(kind, args.seed + i),
                                       work / f"uh-{report}-{kind}-{env_name}-{steps}-{policy}-{i}", steps=steps,
                                       seed=args.seed + i, policy=policy, window=window, report=report, judge=judge)
-                               for i in range(args.uh_runs)]
+                               for i in range(runs)]
                         s = score_runs(evs)
                         dt = time.time() - t0
                         acts = sum(e["env_actions"] for e in evs)
@@ -179,6 +184,20 @@ def uh_gates(results: dict) -> None:
         "uh_infer_above_random_every_cell", all(inf[k] > rnd["random" + k[5:]] for k in inf),
         min((inf[k] - rnd["random" + k[5:]] for k in inf), default=None), precondition=bool(inf),
         reason="the inferring explorer was not run")
+    free = {k: v for k, v in raw.items() if not k.startswith("model-") and v.get("report") == "free"}
+    g["uh_free_judge_valid"] = free_judge_gate(free)
+
+
+def free_judge_gate(free: dict) -> dict:
+    """Is the free-report LLM judge usable? The oracle writes the hidden truth itself, so a valid judge gives it
+    >= 90 in every cell and the random explorer less; a free-report model row means nothing otherwise."""
+    orc = {k: v["score"]["mean"] for k, v in free.items() if k.startswith("oracle") and v["score"]["mean"] is not None}
+    rnd = {k: v["score"]["mean"] for k, v in free.items() if k.startswith("random") and v["score"]["mean"] is not None}
+    pairs = [(orc[k], rnd["random" + k[6:]]) for k in orc if "random" + k[6:] in rnd]
+    return gate("uh_free_judge_valid: oracle report >= 90 and above random in every free-report cell",
+                lambda: all(o >= 90 and o > r for o, r in pairs),
+                {"oracle": orc, "random": rnd}, precondition=bool(pairs),
+                reason="no free-report cell with a judge was run (pass --uh-judge)")
 
 
 def uh_part(args, work: Path) -> dict:
@@ -315,7 +334,9 @@ def only_uh_scripted(args) -> None:
     results.setdefault("phase_seconds", {})["ultrahorizon scripted rerun alone"] = round(time.time() - t, 1)
     results["uh_scripted_command"] = (f"python benchmarks/bench_agent.py --only uh-scripted --uh-runs {args.uh_runs} "
                                       f"--uh-small {args.uh_small} --uh-large {args.uh_large} --uh-window {args.uh_window}"
-                                      + (f" --uh-judge {args.uh_judge}" if args.uh_judge else ""))
+                                      + (f" --uh-judge {args.uh_judge}" if args.uh_judge else "")
+                                      + (f" --uh-free-runs {args.uh_free_runs}" if args.uh_free_runs else "")
+                                      + (" --uh-free-cells small" if args.uh_free_cells == "small" else ""))
     write(results)
     print(f"UltraHorizon scripted part {time.time() - t:.0f} s")
 
@@ -358,6 +379,9 @@ def main() -> None:
     ap.add_argument("--sft-batch", type=int, default=8)
     ap.add_argument("--lr", type=float, default=2e-4)
     ap.add_argument("--uh-runs", type=int, default=8)
+    ap.add_argument("--uh-free-runs", type=int, default=0, help="runs per free-report cell (default: --uh-runs)")
+    ap.add_argument("--uh-free-cells", default="all", choices=["all", "small"],
+                    help="free-report cells: all, or small (R = --uh-small, CRNR only: one judge call per run)")
     ap.add_argument("--uh-small", type=int, default=10)
     ap.add_argument("--uh-large", type=int, default=50)
     ap.add_argument("--uh-window", type=int, default=40)

@@ -242,3 +242,16 @@ def test_in_process_hf_judge(tiny_llama_dir, tmp_path):
     judge.cap = 6
     res = llm_judge(env, report, judge)
     assert res["final_score"] is None and "does not fit" not in res["raw_output"]
+
+
+def test_free_judge_gate_needs_the_oracle_report_near_100_and_above_random():
+    ba = _bench_agent_module()
+
+    def cell(mean):
+        return {"score": {"mean": mean}, "report": "free"}
+
+    good = {"oracle-grid-10-crnr-free": cell(100.0), "random-grid-10-crnr-free": cell(10.0)}
+    assert ba.free_judge_gate(good)["verdict"] == "met"
+    bad = {"oracle-grid-10-crnr-free": cell(10.0), "random-grid-10-crnr-free": cell(10.0)}  # a judge misreading the rubric
+    assert ba.free_judge_gate(bad)["verdict"] == "not met"
+    assert ba.free_judge_gate({})["verdict"] == "not tested"
