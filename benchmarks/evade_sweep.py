@@ -77,7 +77,8 @@ def curve_rows(records: list[dict], source: str = "sweep") -> list[dict]:
                      "ppl_median": r["ppl_median"], "self_bleu": r["self_bleu"],
                      "first_try_degenerate": r.get("first_try_degenerate_rate"),
                      "degenerate_final": r.get("degenerate_rate"), "mean_attempts": r.get("mean_attempts"),
-                     "mean_beta_final": r.get("mean_beta_final")})
+                     "mean_beta_final": r.get("mean_beta_final"),
+                     "_sims": (r.get("per_text") or {}).get("similarity")})
     return sorted(rows, key=lambda x: (x["scheme"], -x["beta0"]))
 
 
@@ -98,6 +99,24 @@ def fill_from_main(rows: list[dict], main_records: list[dict], same: dict, schem
     return sorted(out, key=lambda x: (x["scheme"], -x["beta0"]))
 
 
+def paired_similarity_difference(a: list[float], b: list[float], seed: int = 0) -> dict:
+    """Mean over texts of a_i - b_i (two attacks' similarities on the same texts) with a percentile bootstrap
+    95 % interval (the texts resampled)."""
+    d = [x - y for x, y in zip(a, b)]
+    return {"diff": round(sum(d) / len(d), 4), "ci": [round(v, 4) for v in evade_bench.similarity_interval(d, seed)]}
+
+
+def similarity_steps(rows: list[dict], schemes: list[str], betas: list[float]) -> dict:
+    """Paired similarity differences between consecutive beta0 (mildest first) measured with per-text values."""
+    by = {(r["scheme"], r["beta0"]): r for r in rows}
+    out = {}
+    for s in schemes:
+        bs = [b for b in sorted(betas, reverse=True) if by.get((s, b), {}).get("_sims")]
+        out[s] = [{"from": a, "to": b, **paired_similarity_difference(by[(s, a)]["_sims"], by[(s, b)]["_sims"])}
+                  for a, b in zip(bs, bs[1:])]
+    return out
+
+
 def choose_beta0(rows: list[dict], schemes: list[str], target: float = TARGET) -> dict:
     """The least negative beta0 whose evasion rate is >= ``target`` on every scheme in ``schemes`` (point
     estimates), among the beta0 measured on all of them. ``beta0`` is None when none reaches it."""
@@ -115,18 +134,19 @@ def choose_beta0(rows: list[dict], schemes: list[str], target: float = TARGET) -
 def sweep_gates(rows: list[dict], schemes: list[str], betas: list[float], choice: dict, calibration) -> list[dict]:
     by = {(r["scheme"], r["beta0"]): r for r in rows}
     full = all((s, b) in by for s in schemes for b in betas)
-    mild, strong = max(betas), min(betas)
     gates = [gate(f"some beta0 reaches evasion >= {choice['target']:.2f} on every scheme", choice["beta0"] is not None,
                   measured=choice.get("beta0"), precondition=bool(choice["measured_beta0"]),
                   reason="no beta0 was measured on every scheme")]
-    have_ends = all((s, b) in by and by[(s, b)]["similarity_ci"] for s in schemes for b in (mild, strong))
+    with_texts = [b for b in sorted(betas, reverse=True) if all(by.get((s, b), {}).get("_sims") for s in schemes)]
+    ends = (with_texts[0], with_texts[-1]) if len(with_texts) >= 2 else None
+    diffs = {s: paired_similarity_difference(by[(s, ends[0])]["_sims"], by[(s, ends[1])]["_sims"])
+             for s in schemes} if ends else None
     gates.append(gate(
-        f"a stronger bias costs similarity: beta0 {mild:g} above {strong:g} with disjoint bootstrap intervals "
-        f"on every scheme",
-        lambda: all(by[(s, mild)]["similarity_ci"][0] > by[(s, strong)]["similarity_ci"][1] for s in schemes),
-        measured={s: [round(by[(s, b)]["similarity"], 3) for b in (mild, strong)] for s in schemes} if have_ends
-        else None,
-        precondition=have_ends and mild != strong, reason="both ends of the sweep not measured on every scheme"))
+        "a stronger bias costs similarity: the mildest minus the strongest beta0 with per-text values, paired "
+        "bootstrap 95 % interval above 0 on every scheme",
+        lambda: all(d["ci"][0] > 0 for d in diffs.values()),
+        measured=None if not ends else {"beta0": list(ends), **diffs},
+        precondition=ends is not None, reason="fewer than two beta0 with per-text similarities on every scheme"))
     cal = None if calibration is None else calibration.get("beta0")
     gates.append(gate("the calibrated beta0 equals the curve's choice", lambda: cal == choice["beta0"],
                       measured={"calibrated": cal, "curve": choice["beta0"]},
@@ -211,7 +231,9 @@ def summarize(args, runs: dict, command: str) -> dict:
            "model": meta["model"], "n": meta["n"], "n_neg": meta["n_neg"], "max_new_tokens": meta["max_new_tokens"],
            "seed": meta["seed"], "schemes": args.schemes, "betas": sorted(args.betas, reverse=True),
            "target": args.target, "fpr_at_fixed_threshold": meta["fpr_at_fixed_threshold"],
-           "calibration": cal, "choice": choice, "gates": gates, "curve": rows,
+           "calibration": cal, "choice": choice, "gates": gates,
+           "curve": [{k: v for k, v in r.items() if k != "_sims"} for r in rows],
+           "similarity_steps": similarity_steps(rows, args.schemes, args.betas),
            "unattacked": {s: {"ppl_median": r["ppl_median"], "mean_score": r["mean_score"]} for s, r in none.items()},
            "same_texts_as_main_run": same, "skipped": meta["skipped"], "stage_seconds": meta["stage_seconds"],
            "seconds_total": meta["seconds_total"], "torch_threads": meta["torch_threads"],
@@ -275,6 +297,10 @@ def summarize(args, runs: dict, command: str) -> dict:
           f"Stages skipped at --stop-at: {', '.join(meta['skipped']) or 'none'}; stages of the sweep not run: "
           f"{', '.join(not_run) or 'none'}. Total {meta['seconds_total'] / 60:.1f} min, "
           f"{meta['torch_threads']} torch thread(s).\n\n" + table + "\n\n"
+          "Similarity lost per step of beta0 (paired over the same texts, mean difference with a bootstrap 95 % "
+          "interval; only beta0 with per-text values): " + ("; ".join(
+              f"{sc} {st['from']:g} -> {st['to']:g}: {st['diff']:.3f} [{st['ci'][0]:.3f}, {st['ci'][1]:.3f}]"
+              for sc, steps in doc["similarity_steps"].items() for st in steps) or "none") + ".\n\n"
           f"Default from the curve (least negative beta0 with evasion >= {ch['target']:.2f} on "
           f"{' and '.join(args.schemes)}): {ch_txt}.\n\n## Gates\n\n" + "\n".join(lines(gates)) + "\n\n"
           f"![evasion vs similarity]({out.name}.png)\n")

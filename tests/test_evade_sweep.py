@@ -64,9 +64,10 @@ def test_fresh_calibration_never_reads_the_cache(ev, tmp_path, monkeypatch):
 
 
 def _row(scheme, beta0, evasion, sim, lo=None):
+    sims = [sim + 0.05 * ((i % 5) - 2) for i in range(50)]
     return {"scheme": scheme, "beta0": beta0, "evasion": evasion,
             "evasion_ci": [evasion - 0.04 if lo is None else lo, min(1.0, evasion + 0.02)],
-            "similarity": sim, "similarity_ci": [sim - 0.02, sim + 0.02]}
+            "similarity": sim, "similarity_ci": [sim - 0.02, sim + 0.02], "_sims": sims}
 
 
 def test_choose_beta0_least_negative_reaching_target_on_every_scheme(sweep):
@@ -91,8 +92,14 @@ def test_sweep_gates_can_fail_and_are_not_tested_without_data(sweep):
     assert list(g.values()) == ["met", "met", "not met"]     # calibrated -3 != curve -1
     g = [x["verdict"] for x in sweep.sweep_gates(rows, ["kgw", "unigram"], betas, choice, {"beta0": -1.0})]
     assert g[2] == "met"
-    flat = [dict(r, similarity_ci=[0.3, 0.5]) for r in rows]  # overlapping intervals: the cost is not shown
-    assert sweep.sweep_gates(flat, ["kgw", "unigram"], betas, choice, None)[1]["verdict"] == "not met"
+    # the same similarity at both ends: the paired interval straddles 0 and the cost is not shown
+    flat = [dict(r, _sims=[0.4 + 0.1 * (((i * 7 + int(r["beta0"])) % 5) - 2) for i in range(50)]) for r in rows]
+    g = sweep.sweep_gates(flat, ["kgw", "unigram"], betas, choice, None)[1]
+    assert g["verdict"] == "not met" and g["measured"]["kgw"]["ci"][0] < 0 < g["measured"]["kgw"]["ci"][1]
+    assert sweep.paired_similarity_difference([0.5, 0.6, 0.7], [0.4, 0.5, 0.6])["diff"] == pytest.approx(0.1)
+    # rows without per-text values (the main run's) cannot be compared
+    no_text = [dict(r, _sims=None) if r["beta0"] == -4.0 else r for r in rows]
+    assert sweep.sweep_gates(no_text, ["kgw", "unigram"], betas, choice, None)[1]["verdict"] == "not tested"
     assert sweep.sweep_gates(rows, ["kgw", "unigram"], betas, choice, None)[2]["verdict"] == "not tested"
     part = rows[:2]
     gp = sweep.sweep_gates(part, ["kgw", "unigram"], betas, sweep.choose_beta0(part, ["kgw", "unigram"]), None)
