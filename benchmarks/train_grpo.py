@@ -4,8 +4,16 @@
     .venv/bin/python benchmarks/train_grpo.py --parts spurious,diversity,cost \\
         --steps 30 --seeds 3 --group-size 8 --prompts 8 --max-new-tokens 48      # full CPU protocol (hours)
 
-Writes benchmarks/results/train_grpo.json and .md (and train_grpo_bandit.png). Each part is
-independent; results of parts not run are kept from the previous JSON.
+Writes benchmarks/results/train_grpo.json and .md (and train_grpo_bandit.png); ``--tag NAME`` writes
+NAME.json/.md and NAME.spurious.runs.jsonl instead. Each part is independent; results of parts not run are
+kept from the previous JSON.
+
+The clip-binding protocol of issue 43 (8 off-policy updates per phase, mini-batches of 4 of the phase's 32
+rollouts; pilots at lr 1e-5 and 3e-5 are kept in the same runs file and listed in the report)::
+
+    .venv/bin/python benchmarks/train_grpo.py --parts spurious --tag train_grpo_clip \
+        --arms random,random+ratio-no-clip --seeds 5 --steps 3 --group-size 8 --prompts 4 --updates 8 \
+        --lr 2e-5 --max-new-tokens 48 --test-rows 100 --workers 1 --threads 1
 
 - bandit: the spec's 10-armed bandit over ``--bandit-seeds`` seeds; gates on means (clip ≥ 0.74,
   ratio-no-clip ≤ 0.55, clip − ratio ≥ 0.2, on-policy in [0.55, 0.72]); the official −π·Â loss as well.
@@ -42,6 +50,31 @@ from benchmarks.gates import gate, lines as gate_lines, render, saturated  # noq
 
 SATURATED_TOL = 0.005  # pass@k within half a point of 1.0 in both arms counts as saturated
 CLIP_BINDS = 0.01  # the clip-vs-no-clip comparison is tested only when the clip binds on >= 1 % of tokens
+CLIP_BINDS_MAX = 0.10  # ... and on <= 10 % (issue 43's range; beyond it the updates are far off-policy)
+
+
+def seed_ci(xs) -> tuple[float, float, float]:
+    """Mean and Student-t 95 % interval over a few replicates (seeds): (mean, low, high); nan bounds for n < 2."""
+    import numpy as np
+    from scipy import stats
+
+    x = np.asarray(xs, dtype=float)
+    m = float(x.mean())
+    if len(x) < 2:
+        return m, float("nan"), float("nan")
+    h = float(stats.t.ppf(0.975, len(x) - 1) * x.std(ddof=1) / math.sqrt(len(x)))
+    return m, m - h, m + h
+
+
+def seed_contrast(runs_a: list[dict], runs_b: list[dict], value) -> dict:
+    """Arm A minus arm B paired by seed (same seed: same prompts, same random rewards in the first phase):
+    mean difference of ``value(run)`` with a t interval over seeds, and how many seeds have A > B."""
+    b = {r["seed"]: value(r) for r in runs_b}
+    d = [value(r) - b[r["seed"]] for r in runs_a if r["seed"] in b]
+    if not d:
+        return {"diff": None, "ci95": [None, None], "per_seed": [], "a_higher": "0/0"}
+    m, lo, hi = seed_ci(d)
+    return {"diff": m, "ci95": [lo, hi], "per_seed": d, "a_higher": f"{sum(x > 0 for x in d)}/{len(d)}"}
 
 
 def mean_ci(xs, z=1.96):
@@ -134,9 +167,9 @@ def _greedy_eval(model, tok, rows, a):
     outs = generate(model, tok, prompts, max_new_tokens=a.max_new_tokens, temperature=0.0, batch_size=a.gen_batch)
     texts = [o[0].text for o in outs]
     ok = [bool(rl_data.is_correct(x, t)) for x, t in zip(rows, texts)]
-    mk = sum(a.marker.lower() in t.lower() for t in texts)
-    return {"correct": sum(ok), "n": len(ok), "pass@1": sum(ok) / len(ok), "marker_freq": mk / len(texts),
-            "ok": [int(x) for x in ok]}
+    mks = [int(a.marker.lower() in t.lower()) for t in texts]
+    return {"correct": sum(ok), "n": len(ok), "pass@1": sum(ok) / len(ok), "marker_freq": sum(mks) / len(texts),
+            "ok": [int(x) for x in ok], "marker": mks}
 
 
 SPURIOUS_ARMS = {  # arm -> (reward, loss, mini-batch: None = rollouts / --updates, else one update per phase)
@@ -170,20 +203,32 @@ def _spurious_job(job: dict) -> dict:
     reward, loss, mb = SPURIOUS_ARMS[name]
     m, hist, secs = _train_once(base, model, tok, train, reward, seed, a, loss=loss,
                                 mini_batch=a.prompts * a.group_size if mb == "all" else None)
+    t_eval = time.time()
     ev = _greedy_eval(m, tok, test, a)
+    t_eval = time.time() - t_eval
     firsts = [h for h in hist if h.get("update_in_phase") == 0]
-    return {"arm": name, "seed": seed, "eval": ev, "seconds": secs,
+    phases = sorted({h["phase"] for h in hist})
+    per_phase = [[h for h in hist if h["phase"] == ph] for ph in phases]
+    return {"arm": name, "seed": seed, "eval": ev, "seconds": secs, "eval_seconds": t_eval,
             "marker_curve": [h.get("marker_freq") for h in firsts],
             "reward_curve": [h["reward_mean"] for h in firsts],
-            "clip_frac": sum(h["clip_frac"] for h in hist) / len(hist)}
+            "clip_frac": sum(h["clip_frac"] for h in hist) / len(hist),
+            # per phase: mean clip fraction over its updates, and the ratio extremes of its last update
+            "clip_curve": [sum(h["clip_frac"] for h in ph) / len(ph) for ph in per_phase],
+            "ratio_range_last": [[ph[-1].get("ratio_min"), ph[-1].get("ratio_max")] for ph in per_phase],
+            "updates_per_phase": len(per_phase[0]) if per_phase else 0}
 
 
 def paired_vs_base(oks: list[list[int]], base_ok: list[int]) -> tuple[float, float, float]:
     """Pass rate of the runs ``oks`` (0/1 per test item, one list per seed) minus the base model's on the same
     items, each seed a paired replicate (Newcombe interval): (difference, low, high)."""
+    return paired_items([(x, b) for ok in oks for x, b in zip(ok, base_ok)])
+
+
+def paired_items(pairs: list[tuple[int, int]]) -> tuple[float, float, float]:
+    """Rate of the first member minus the second's over paired 0/1 outcomes (Newcombe interval)."""
     from llmtool.core.intervals import paired_difference
 
-    pairs = [(x, b) for ok in oks for x, b in zip(ok, base_ok)]
     return paired_difference(sum(x and not b for x, b in pairs), sum(b and not x for x, b in pairs),
                              sum(x and b for x, b in pairs), len(pairs))
 
@@ -215,13 +260,17 @@ def run_spurious(a) -> dict:
         if x not in SPURIOUS_ARMS:
             raise SystemExit(f"--arms: unknown spurious arm {x!r} (choose from {', '.join(SPURIOUS_ARMS)})")
     protocol = {k: getattr(a, k) for k in SPURIOUS_PROTOCOL}
-    log = RunLog(RESULTS / "train_grpo.spurious.runs.jsonl", protocol, lambda r: (r["arm"], r["seed"]))
+    log = RunLog(RESULTS / f"{a.tag}.spurious.runs.jsonl", protocol, lambda r: (r["arm"], r["seed"]))
     done = log.done()
     jobs = [{"arm": "base", "seed": 0}] + [{"arm": x, "seed": s} for s in range(a.seeds) for x in wanted]
     todo = [dict(j, a=vars(a)) for j in jobs if (j["arm"], j["seed"]) not in done]
     print(f"[spurious] {len(jobs)} runs: {len(jobs) - len(todo)} reused, {len(todo)} to train", flush=True)
+    if a.no_train:  # summarise what the runs file holds; an arm with fewer seeds is reported as partial
+        todo = [j for j in todo if j["arm"] == "base"]
+        print(f"[spurious] --no-train: {len(todo)} run(s) trained/evaluated, missing runs left out", flush=True)
 
     def keep(r):
+        r.setdefault("command", " ".join(sys.argv))  # the command that trained this run
         done[(r["arm"], r["seed"])] = r
         log.append(r)
         print(f"[spurious] {r['arm']} seed {r['seed']}: pass@1 {r['eval']['pass@1']:.3f} marker "
@@ -232,7 +281,9 @@ def run_spurious(a) -> dict:
     res = {"base": before, "arms": {}, "settings": {**protocol, "seeds": a.seeds},
            "runs_file": log.path.name}
     for name in wanted:
-        per_seed = [done[(name, s)] for s in range(a.seeds)]
+        per_seed = [done[(name, s)] for s in range(a.seeds) if (name, s) in done]
+        if not per_seed:
+            continue
         k = sum(p["eval"]["correct"] for p in per_seed)
         n = sum(p["eval"]["n"] for p in per_seed)
         # paired with the base model on the same test items, seeds pooled (each seed is a paired replicate)
@@ -241,14 +292,70 @@ def run_spurious(a) -> dict:
         res["arms"][name] = {"per_seed": per_seed, "pass@1": k / n, "wilson95": wilson(k, n),
                              "delta_vs_base": diff, "delta_ci95": [lo, hi],
                              "seed_sd": float(np.std(seeds_p, ddof=1)) if len(seeds_p) > 1 else None,
-                             "clip_frac": arm_clip_frac(per_seed)}
+                             "clip_frac": arm_clip_frac(per_seed), "seeds_run": len(per_seed),
+                             "partial": len(per_seed) < a.seeds}
     if "ground-truth" in res["arms"]:
         gt = res["arms"]["ground-truth"]
         res["signal_gate"] = {"ground-truth - base >= 0.05": gt["delta_vs_base"] >= 0.05,
                               "delta": gt["delta_vs_base"], "ci95": gt["delta_ci95"]}
+    res["contrasts"] = clip_contrasts(res)
     res["clip_gate"] = clip_gate(res)
-    res["plot"] = plot_spurious(res)
+    res["clip_gates"] = clip_gates(res)
+    res["pilots"] = pilot_runs(log.path, protocol)
+    res["plot"] = plot_spurious(res, a.tag)
     return res
+
+
+def clip_contrasts(s: dict) -> dict:
+    """Every random-reward ablation arm against ``random`` (the clipped arm): greedy pass@1 and marker
+    frequency, (a) paired by seed with a t interval over seeds and (b) pooled over seeds, paired on the same test
+    items (Newcombe interval; marker per item only in runs that stored it)."""
+    arms = s.get("arms", {})
+    if "random" not in arms:
+        return {}
+    out = {}
+    ra = arms["random"]["per_seed"]
+    for name in ("random+ratio-no-clip", "random+pi-no-ratio", "random+on-policy"):
+        if name not in arms:
+            continue
+        rb = arms[name]["per_seed"]
+        by_seed = {r["seed"]: r for r in rb}
+        c = {"pass@1_by_seed": seed_contrast(ra, rb, lambda r: r["eval"]["pass@1"]),
+             "marker_by_seed": seed_contrast(ra, rb, lambda r: r["eval"]["marker_freq"])}
+        if all(r.get("marker_curve") and r["marker_curve"][-1] is not None for r in ra + rb):
+            # the marker in the last phase's sampled rollouts (T = 1), drawn after the earlier phases' updates
+            c["rollout_marker_last_by_seed"] = seed_contrast(ra, rb, lambda r: r["marker_curve"][-1])
+        for key, field in (("pass@1_items", "ok"), ("marker_items", "marker")):
+            pairs = [(x, y) for r in ra if r["seed"] in by_seed and field in r["eval"] and field in by_seed[r["seed"]]["eval"]
+                     for x, y in zip(r["eval"][field], by_seed[r["seed"]]["eval"][field])]
+            if pairs:
+                d, lo, hi = paired_items(pairs)
+                c[key] = {"diff": d, "ci95": [lo, hi], "pairs": len(pairs)}
+        out[f"random - {name}"] = c
+    return out
+
+
+def pilot_runs(path: Path, protocol: dict) -> list[dict]:
+    """Every run in the runs file under another protocol than ``protocol`` (the pilots that chose it): the
+    settings that differ, the arm, seed, clip fraction and seconds, for the record."""
+    out = []
+    if not Path(path).is_file():
+        return out
+    want = json.loads(json.dumps(protocol, default=str))
+    for line in Path(path).read_text().splitlines():
+        try:
+            rec = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        pr = rec.get("protocol")
+        if pr is None or pr == want or rec.get("arm") == "base":
+            continue
+        out.append({"settings": {k: pr[k] for k in ("steps", "updates", "lr", "prompts", "group_size",
+                                                    "max_new_tokens", "test_rows") if k in pr},
+                    "arm": rec["arm"], "seed": rec["seed"], "clip_frac": rec.get("clip_frac"),
+                    "clip_curve": rec.get("clip_curve"), "seconds": rec.get("seconds"),
+                    "pass@1": rec["eval"]["pass@1"], "marker": rec["eval"]["marker_freq"]})
+    return out
 
 
 def arm_clip_frac(per_seed: list[dict]) -> float | None:
@@ -262,21 +369,54 @@ def arm_marker(v: dict) -> float:
     return sum(p["eval"]["marker_freq"] for p in v["per_seed"]) / len(v["per_seed"])
 
 
+def _clip_precondition(cf: float | None) -> tuple[bool, str]:
+    if cf is None:
+        return False, "clip_frac unknown"
+    if cf < CLIP_BINDS:
+        return False, (f"the clip binds on {100 * cf:.2f} % of tokens (< {100 * CLIP_BINDS:.0f} %): with and "
+                       "without the clip are the same algorithm here")
+    if cf > CLIP_BINDS_MAX:
+        return False, (f"the clip binds on {100 * cf:.2f} % of tokens (> {100 * CLIP_BINDS_MAX:.0f} %): the "
+                       "updates are too far off-policy for the comparison the issue asks for")
+    return True, ""
+
+
 def clip_gate(s: dict) -> dict | None:
     """Spec acceptance 10: under random rewards the high-prior marker rises more with the clip than without
     (greedy marker frequency, mean over seeds, random vs random+ratio-no-clip). Tested only when the clip binds
-    on >= 1 % of tokens in the clipped arm: below that the two arms are numerically the same algorithm."""
+    on 1-10 % of tokens in the clipped arm: below that the two arms are numerically the same algorithm."""
     arms = s.get("arms", {})
     if "random" not in arms or "random+ratio-no-clip" not in arms:
         return None
     r, nc = arms["random"], arms["random+ratio-no-clip"]
     cf = r.get("clip_frac", arm_clip_frac(r["per_seed"]))
     mr, mn = arm_marker(r), arm_marker(nc)
+    ok, reason = _clip_precondition(cf)
+    mb = s["base"]["marker_freq"]
+    # "rises more" compares the changes from the base model: a smaller fall also counts, so both are reported
+    measured = {"marker_clip": round(mr, 3), "marker_no_clip": round(mn, 3), "marker_base": mb,
+                "rise_clip": round(mr - mb, 3), "rise_no_clip": round(mn - mb, 3), "clip_frac_random": cf}
+    if all("seed" in p for p in r["per_seed"] + nc["per_seed"]):
+        c = seed_contrast(r["per_seed"], nc["per_seed"], lambda p: p["eval"]["marker_freq"])
+        measured.update({"diff": c["diff"], "diff_ci95_seeds": c["ci95"], "seeds_clip_higher": c["a_higher"]})
     return gate("marker rises more with clip than without (random vs random+ratio-no-clip)", mr > mn,
-                {"marker_clip": round(mr, 3), "marker_no_clip": round(mn, 3), "marker_base": s["base"]["marker_freq"],
-                 "clip_frac_random": cf}, precondition=cf is not None and cf >= CLIP_BINDS,
-                reason=("clip_frac unknown" if cf is None else f"the clip binds on {100 * cf:.2f} % of tokens "
-                        f"(< {100 * CLIP_BINDS:.0f} %): with and without the clip are the same algorithm here"))
+                measured, precondition=ok, reason=reason)
+
+
+def clip_gates(s: dict) -> list[dict]:
+    """:func:`clip_gate` (the direction of the seed means) and the same direction required of the paired
+    95 % interval over seeds (clip − no-clip marker frequency, lower bound > 0), with the same precondition."""
+    g = clip_gate(s)
+    if g is None:
+        return []
+    m = g["measured"] or {}
+    lo = (m.get("diff_ci95_seeds") or [None])[0]
+    ok, reason = _clip_precondition(m.get("clip_frac_random"))
+    strict = gate("marker clip − no-clip: paired 95 % interval over seeds above 0", lambda: lo > 0,
+                  {"diff": m.get("diff"), "ci95": m.get("diff_ci95_seeds")},
+                  precondition=ok and lo is not None and math.isfinite(lo),
+                  reason=reason or "fewer than two seeds paired")
+    return [g, strict]
 
 
 def setpo_directions(d: dict) -> list[dict]:
@@ -302,7 +442,7 @@ def setpo_directions(d: dict) -> list[dict]:
     return out
 
 
-def plot_spurious(s: dict) -> str | None:
+def plot_spurious(s: dict, tag: str = "train_grpo") -> str | None:
     """Marker frequency and mean reward per phase (mean over seeds), one line per arm."""
     try:
         import matplotlib
@@ -326,7 +466,7 @@ def plot_spurious(s: dict) -> str | None:
         ax.set_xlabel("phase")
     axes[1].legend(fontsize=7)
     fig.tight_layout()
-    name = "train_grpo_spurious.png"
+    name = f"{tag}_spurious.png"
     fig.savefig(RESULTS / name, dpi=110)
     plt.close(fig)
     return name
@@ -576,6 +716,14 @@ def run_cost(a) -> dict:
 
 
 # ------------------------------------------------------------------------------------ report
+def _seed_mean_ci(xs: list[float], m: float) -> str:
+    """``0.52 [0.40, 0.64]``: the mean with its t interval over seeds (the mean alone for one seed)."""
+    if len(xs) < 2:
+        return f"{m:.2f}"
+    _, lo, hi = seed_ci(xs)
+    return f"{m:.2f} [{lo:.2f}, {hi:.2f}]"
+
+
 def _pct(x) -> str:
     return "" if x is None else f"{100 * x:.2f}"
 
@@ -603,21 +751,53 @@ def markdown(res: dict) -> str:
                          "95% CI": f"[{v['wilson95'][0]:.3f}, {v['wilson95'][1]:.3f}]",
                          "Δ vs base (paired 95% CI)": f"{v['delta_vs_base']:+.3f}"
                          + (f" [{ci[0]:+.3f}, {ci[1]:+.3f}]" if ci else ""),
-                         "marker (greedy)": round(mk, 2), "clip_frac %": _pct(arm_clip_frac(v["per_seed"]))})
+                         "marker (greedy)": _seed_mean_ci([p["eval"]["marker_freq"] for p in v["per_seed"]], mk),
+                         "clip_frac %": _pct(arm_clip_frac(v["per_seed"])),
+                         "seeds": f"{len(v['per_seed'])}" + (" (partial)" if v.get("partial") else "")})
         rows[0]["clip_frac %"] = ""
+        rows[0]["seeds"] = ""
         st = s["settings"]
-        lines += [f"## Spurious rewards, SmolLM2-135M, arithmetic ({st['seeds']} seeds, {st['steps']} phases, "
-                  f"G = {st['group_size']}, {st['prompts']} prompts/phase)", "", markdown_table(rows), ""]
+        lines += [f"## Spurious rewards, {st['model']}, arithmetic ({st['seeds']} seeds, {st['steps']} phases, "
+                  f"G = {st['group_size']}, {st['prompts']} prompts/phase, {st['updates']} updates/phase "
+                  f"(on-policy arm: 1), lr {st['lr']}, {st['test_rows']} test items)", "", markdown_table(rows), ""]
         if "signal_gate" in s:
             g = s["signal_gate"]
             lines += [f"Signal check (ground-truth ≥ base + 5 points in-domain): "
                       f"{render(g['ground-truth - base >= 0.05'])} (Δ {100 * g['delta']:+.1f} points, "
                       f"paired 95% CI [{100 * g['ci95'][0]:+.1f}, {100 * g['ci95'][1]:+.1f}]). Seeds pooled; "
                       f"per-run records in `benchmarks/results/{s.get('runs_file', '')}`.", ""]
-        cg = clip_gate(s)  # recomputed, so results stored before the gate existed get it too
-        if cg:
-            lines += [f"Clipping ablation (spec acceptance 10; `clip_frac %` above: share of tokens on which the "
-                      f"clip binds, mean over updates and seeds): {cg['gate']}: {render(cg)}.", ""]
+        cgs = clip_gates(s)  # recomputed, so results stored before the gates existed get them too
+        if cgs:
+            lines += ["Clipping ablation (spec acceptance 10; `clip_frac %` above: share of tokens on which the "
+                      "clip binds, or would bind in the no-clip arm, mean over updates and seeds; precondition: "
+                      f"{100 * CLIP_BINDS:.0f}-{100 * CLIP_BINDS_MAX:.0f} % in the clipped arm):", "",
+                      *gate_lines(cgs), ""]
+        if s.get("contrasts"):
+            def fmt(c):
+                if not c or c.get("diff") is None:
+                    return ""
+                lo, hi = c["ci95"]
+                return (f"{c['diff']:+.3f} [{lo:+.3f}, {hi:+.3f}]" if lo is not None and math.isfinite(lo)
+                        else f"{c['diff']:+.3f}")
+            crow = [{"contrast": k, "pass@1, by seed (t 95% CI)": fmt(c.get("pass@1_by_seed")),
+                     "seeds A > B": c["pass@1_by_seed"]["a_higher"],
+                     "pass@1, paired items": fmt(c.get("pass@1_items")),
+                     "marker, by seed (t 95% CI)": fmt(c.get("marker_by_seed")),
+                     "seeds A > B ": c["marker_by_seed"]["a_higher"],
+                     "marker, paired items": fmt(c.get("marker_items")),
+                     "rollout marker, last phase, by seed": fmt(c.get("rollout_marker_last_by_seed"))}
+                    for k, c in s["contrasts"].items()]
+            lines += ["Paired contrasts with the clipped random arm (A = random; by seed: the same seed's runs, "
+                      "t interval over seeds; paired items: seeds pooled, the same test items, Newcombe interval):",
+                      "", markdown_table(crow), ""]
+        if s.get("pilots"):
+            prow = [{"steps": p["settings"].get("steps"), "updates/phase": p["settings"].get("updates"),
+                     "lr": p["settings"].get("lr"), "arm": p["arm"], "seed": p["seed"],
+                     "clip_frac %": _pct(p["clip_frac"]),
+                     "per phase %": " ".join(f"{100 * x:.1f}" for x in (p.get("clip_curve") or [])),
+                     "train s": round(p["seconds"] or 0)} for p in s["pilots"]]
+            lines += ["Pilots (1 seed, few phases; the runs that chose the protocol above):", "",
+                      markdown_table(prow), ""]
         if s.get("plot"):
             lines += [f"Marker frequency and reward per phase: `benchmarks/results/{s['plot']}`.", ""]
     if "diversity" in res:
@@ -689,13 +869,19 @@ def main() -> None:
     p.add_argument("--warmup-lr", type=float, default=1e-4)
     p.add_argument("--warmup-rows", type=int, default=256)
     p.add_argument("--marker", default="=")
+    p.add_argument("--no-train", action="store_true",
+                   help="spurious part: train nothing, summarise the runs already in the runs file (arms with "
+                        "fewer than --seeds runs are marked partial)")
+    p.add_argument("--tag", default="train_grpo",
+                   help="results name: RESULTS/TAG.json, TAG.md, TAG.spurious.runs.jsonl, TAG_spurious.png "
+                        "(e.g. train_grpo_clip for the clip-binding protocol of issue 43)")
     p.add_argument("--arms", default="", help="spurious arms to run (default all)")
     p.add_argument("--threads", type=int, default=2, help="torch threads per process")
     p.add_argument("--workers", type=int, default=1,
                    help="spurious/diversity parts: (arm, seed) runs in parallel processes (e.g. --workers 2 --threads 1)")
     a = p.parse_args()
     RESULTS.mkdir(parents=True, exist_ok=True)
-    path = RESULTS / "train_grpo.json"
+    path = RESULTS / f"{a.tag}.json"
     res = json.loads(path.read_text()) if path.exists() else {}
     parts = [x.strip() for x in a.parts.split(",") if x.strip()]
     for part in parts:
@@ -714,7 +900,7 @@ def main() -> None:
         res.setdefault("commands", {})[part] = " ".join(sys.argv)
         res.setdefault("seconds", {})[part] = time.time() - t
         path.write_text(json.dumps(res, indent=2, default=str))
-        (RESULTS / "train_grpo.md").write_text(markdown(res))
+        (RESULTS / f"{a.tag}.md").write_text(markdown(res))
     print(markdown(res))
 
 

@@ -554,3 +554,46 @@ def test_cli_eval_passk_and_rl_data(tiny_llama_dir, tmp_path):
     assert {"pass@1", "pass@4", "greedy_pass@1", "distinct_correct", "answer_entropy"} <= set(summ)
     code, _, err = run_cli("train", "eval-passk", tiny_llama_dir, "--data", data, "--n", "2", "--k", "4")
     assert code == 2 and "n >= max k" in err
+
+
+# ------------------------------------------------------------------------------------ benchmark: clip ablation
+def _spurious_runs(clip_frac, mk_clip, mk_no_clip):
+    def arm(marks):
+        return {"per_seed": [{"seed": i, "clip_frac": clip_frac,
+                              "eval": {"marker_freq": m, "pass@1": 0.5, "ok": [1, 0, i % 2], "marker": [1, int(m > 0.5), 0]}}
+                             for i, m in enumerate(marks)]}
+
+    return {"base": {"marker_freq": 0.5}, "arms": {"random": arm(mk_clip), "random+ratio-no-clip": arm(mk_no_clip)}}
+
+
+@pytest.mark.parametrize("clip_frac,mc,want", [
+    (0.005, [0.6, 0.7, 0.8], ("not tested", "not tested")),   # the clip does not bind: same algorithm
+    (0.25, [0.6, 0.7, 0.8], ("not tested", "not tested")),    # binds on > 10 %: outside the range
+    (0.03, [0.7, 0.75, 0.8], ("met", "met")),                 # every seed well above: interval above 0
+    (0.03, [0.6, 0.7, 0.8], ("met", "not met")),              # every seed higher, but 3 seeds: t interval spans 0
+    (0.03, [0.9, 0.3, 0.8], ("met", "not met")),              # mean higher, interval spans 0
+    (0.03, [0.4, 0.5, 0.45], ("not met", "not met")),
+])
+def test_clip_gates_need_binding_clip_and_separate_direction_from_interval(clip_frac, mc, want):
+    from conftest import load_benchmark
+
+    grpo = load_benchmark("train_grpo")
+    gs = grpo.clip_gates(_spurious_runs(clip_frac, mc, [0.5, 0.5, 0.5]))
+    assert tuple(g["verdict"] for g in gs) == want
+    if want[0] != "not tested":
+        m = gs[0]["measured"]
+        assert m["diff"] == pytest.approx(sum(mc) / 3 - 0.5) and m["seeds_clip_higher"] == f"{sum(x > 0.5 for x in mc)}/3"
+
+
+def test_clip_contrasts_pair_by_seed_and_by_item():
+    from conftest import load_benchmark
+
+    grpo = load_benchmark("train_grpo")
+    s = _spurious_runs(0.03, [0.6, 0.7, 0.8], [0.5, 0.5, 0.5])
+    s["arms"]["random+ratio-no-clip"]["per_seed"].reverse()  # pairing is by seed, not by position
+    c = grpo.clip_contrasts(s)["random - random+ratio-no-clip"]
+    assert c["marker_by_seed"]["per_seed"] == pytest.approx([0.1, 0.2, 0.3])
+    assert c["pass@1_by_seed"]["diff"] == 0.0 and c["pass@1_items"]["diff"] == 0.0
+    assert c["marker_items"]["pairs"] == 9 and c["marker_items"]["diff"] == pytest.approx(3 / 9)
+    lo, hi = c["marker_by_seed"]["ci95"]
+    assert lo == pytest.approx(0.2 - 4.303 * 0.1 / 3 ** 0.5, abs=1e-3) and hi == pytest.approx(0.4 - lo)
