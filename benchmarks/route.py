@@ -173,7 +173,7 @@ def extra_gates(acc: dict, mean: dict, seeds: dict, doms: list[str], has_joint: 
     from benchmarks.gates import tied
 
     out = []
-    if has_joint:
+    if has_joint and all(k in acc for k in ["fusion"] + [f"expert:{d}" for d in doms]):
         ex = {f"expert:{d}": acc[f"expert:{d}"]["joint"] for d in doms}
         best = max(ex, key=ex.get)
         weak = all(v <= JOINT_WEAK for v in ex.values())
@@ -229,6 +229,8 @@ def main() -> None:
                     "and the experts stay those of --seed), e.g. 1,2")
     ap.add_argument("--stop-at", default="", help="HH:MM (UTC): the stage-2 part and each extra seed start only before "
                     "this time; a part not started is listed under 'skipped_for_time' (results stay labelled)")
+    ap.add_argument("--report-only", action="store_true", help="run nothing new: write the results from the steps "
+                    "already finished in --work (systems not evaluated are left out and their gates read 'not tested')")
     ap.add_argument("--note", default="", help="a sentence printed under the title (e.g. how the experts were made)")
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--work", default=None, help="work dir (default: a fresh temp dir); finished steps are reused")
@@ -332,8 +334,10 @@ def main() -> None:
                                "--epochs", args.epochs, "--max-steps", union_steps, "--batch-size", args.batch_size]
                          + T + base_b, log, env)
 
-    def evaluate(name: str, sel: list, data_file: Path = evalset, gs=g) -> dict:
+    def evaluate(name: str, sel: list, data_file: Path = evalset, gs=g) -> dict | None:
         out = work / f"eval-{name.replace(':', '-')}.json"
+        if not out.exists() and args.report_only:
+            return None
         if not out.exists():
             rec = run_measured(gs + ["route", "eval", "--data", data_file, "-o", out] + sel + gen, log, env)
             mem[name] = rec["peak_rss_mib"]
@@ -352,7 +356,8 @@ def main() -> None:
                 run_measured(g + ["route", "baseline", d, "--method", method, "--lam", lam] + base_b, log, env)
             if args.val:
                 ev = evaluate(f"val-{short}-l{fmt_lam(lam)}", ["--model", d], val)
-                sweep[method][fmt_lam(lam)] = ev["mean_accuracy"]
+                if ev is not None:
+                    sweep[method][fmt_lam(lam)] = ev["mean_accuracy"]
     best_lam = {m: (max(lams, key=lambda x: (v[fmt_lam(x)], -abs(x - 1.0))) if v else 1.0) for m, v in sweep.items()}
 
     gen_baselines = {"seq-select": ("seq", ["--method", "seq-select", "--scorer", "judge", "--in", evalset]),
@@ -364,7 +369,7 @@ def main() -> None:
                      "token-select:confidence": ("tok-conf", ["--method", "token-select", "--value", "confidence",
                                                               "--in", evalset])}
     for name, (d, extra) in gen_baselines.items():
-        if not (work / d).exists():
+        if not (work / d).exists() and not args.report_only:
             run_measured(g + ["route", "baseline", work / d] + extra + gen + base_b, log, env)
 
     systems = {"base": ["--model", args.model]}
@@ -379,16 +384,22 @@ def main() -> None:
                     "sft-union": ["--model", work / "union"]})
     evals: dict = {}
     for name, sel in systems.items():
-        evals[name] = evaluate(name, sel)
+        if name.startswith(("seq-select", "token-select")) and not Path(sel[1]).exists():
+            continue
+        ev = evaluate(name, sel)
+        if ev is not None:
+            evals[name] = ev
     # seq-select's oracle scorer keeps the row's domain expert's greedy answer: its accuracy is each expert's on its
     # own domain (from their evaluations above; no joint row has a domain expert)
-    evals["seq-select:oracle"] = {
-        "domains": {d: {k: v for k, v in evals[f"expert:{d}"]["domains"][d].items() if k != "expert_share"}
-                    for d in doms},
-        "items": [x for d in doms for x in evals[f"expert:{d}"]["items"] if x["domain"] == d]}
-    order = list(systems)
+    if all(f"expert:{d}" in evals for d in doms):
+        evals["seq-select:oracle"] = {
+            "domains": {d: {k: v for k, v in evals[f"expert:{d}"]["domains"][d].items() if k != "expert_share"}
+                        for d in doms},
+            "items": [x for d in doms for x in evals[f"expert:{d}"]["items"] if x["domain"] == d]}
+    systems["seq-select:oracle"] = []
+    order = [k for k in systems if k != "seq-select:oracle"]
     order.insert(order.index("seq-select:verifier") + 1, "seq-select:oracle")
-    systems = {k: systems.get(k, []) for k in order}
+    systems = {k: systems.get(k, []) for k in order if k in evals}
 
     skipped: list = []
 
@@ -405,7 +416,8 @@ def main() -> None:
         return False
 
     # stage 2 (CDPO) from the seed's stage-1 router, compared on the same items
-    if args.cdpo and ((work / "eval-fusion+cdpo.json").exists() or time_left("stage 2 (CDPO)")):
+    if args.cdpo and ((work / "eval-fusion+cdpo.json").exists()
+                      or (not args.report_only and time_left("stage 2 (CDPO)"))):
         if not (work / "fr-cdpo").exists():
             if not (work / "prefs.jsonl").exists():
                 run_measured(g + ["route", "make-prefs", "--router", fr, "--data", router_data, "-o",
@@ -417,11 +429,11 @@ def main() -> None:
         evals["fusion+cdpo"] = evaluate("fusion+cdpo", systems["fusion+cdpo"])
 
     # extra seeds for the router and sft-union (same data, experts and items)
-    seed_evals = {k: {args.seed: evals[k]} for k in ("fusion", "route-only", "sft-union")}
+    seed_evals = {k: ({args.seed: evals[k]} if k in evals else {}) for k in ("fusion", "route-only", "sft-union")}
     done_seeds = []
     for s in extra_seeds:
         if not all((work / f"eval-{n}{sfx(s)}.json").exists() for n in ("fusion", "route-only", "sft-union")) \
-                and not time_left(f"seed {s}"):
+                and (args.report_only or not time_left(f"seed {s}")):
             continue
         done_seeds.append(s)
         train_router_union(s)
@@ -457,16 +469,24 @@ def main() -> None:
     mean = {n: sum(v[d] for d in doms) / len(doms) for n, v in acc.items()}
     expert_names = [f"expert:{d}" for d in doms]
     best_expert = max(expert_names, key=lambda n: mean[n])
-    gates = route_gates(acc, mean, rq, doms)
+    try:
+        gates = route_gates(acc, mean, rq, doms)
+    except KeyError as e:
+        gates = [gate("the issue's route gates", False, precondition=False,
+                      reason=f"system {e} was not evaluated in the time available")]
     # the generation baselines' gate covers every scorer / value now
     sel_names = ["seq-select", "seq-select:verifier", "token-select", "token-select:confidence"]
     gates = [x for x in gates if not x["gate"].startswith("FusionRoute mean >= token-select")]
+    have = all(k in mean for k in ["fusion"] + sel_names)
     gates.append(gate("FusionRoute mean >= every seq-select (judge, verifier) and token-select (implicit, confidence) mean",
-                      all(mean["fusion"] >= mean[k] for k in sel_names),
-                      {k: round(mean[k], 4) for k in ["fusion"] + sel_names}))
-    gap = mean_gap_ci(items_of(evals["fusion"], doms), items_of(evals["route-only"], doms))
+                      lambda: all(mean["fusion"] >= mean[k] for k in sel_names),
+                      {k: round(mean[k], 4) for k in ["fusion"] + sel_names if k in mean}, precondition=have,
+                      reason="not every system was evaluated in the time available"))
+    both = "fusion" in evals and "route-only" in evals
+    gap = (mean_gap_ci(items_of(evals["fusion"], doms), items_of(evals["route-only"], doms)) if both
+           else {"mean_gap_points": None, "ci95_points": [None, None], "n": 0})
     gap_joint = (mean_gap_ci(items_of(evals["fusion"], ["joint"]), items_of(evals["route-only"], ["joint"]))
-                 if joint_rows else None)
+                 if joint_rows and both else None)
     # joint: the oracle of sequence selection ("either expert's answer is correct"), from the judge run's candidates
     seq_any_joint = None
     if joint_rows:
@@ -481,6 +501,8 @@ def main() -> None:
                 for k, v in seed_evals.items()}
     seed_summary: dict = {"seeds": seeds_all, "per_seed": per_seed, "mean": {}, "sd": {}, "per_seed_gaps": {}}
     for k, v in per_seed.items():
+        if not v:
+            continue
         ms = [sum(a[d] for d in doms) / len(doms) for a in v.values()]
         seed_summary["mean"][k] = round(sum(ms) / len(ms), 4)
         seed_summary["sd"][k] = round(math.sqrt(sum((m - sum(ms) / len(ms)) ** 2 for m in ms) / max(1, len(ms) - 1)), 4)
@@ -489,6 +511,8 @@ def main() -> None:
             seed_summary["mean"][k + " (joint)"] = round(sum(js) / len(js), 4)
     for other in ("route-only", "sft-union"):
         key = f"fusion_minus_{other.replace('-', '_')}"
+        if not seed_evals["fusion"] or not seed_evals[other]:
+            continue
         seed_summary["per_seed_gaps"][key] = {str(s): mean_gap_ci(items_of(seed_evals["fusion"][s], doms),
                                                                   items_of(seed_evals[other][s], doms))
                                               for s in seeds_all if s in seed_evals["fusion"] and s in seed_evals[other]}
@@ -593,7 +617,7 @@ def main() -> None:
     if len(seeds_all) > 1:
         md += [f"Seeds (router and sft-union seeds {', '.join(map(str, seeds_all))}; data, experts and items fixed):", "",
                markdown_table(seed_rows), ""]
-        for key in ("fusion_minus_route_only", "fusion_minus_sft_union"):
+        for key in [k for k in ("fusion_minus_route_only", "fusion_minus_sft_union") if k in seed_summary]:
             gk = seed_summary[key]
             md.append(f"- {key.replace('_', ' ')} (paired over items, per-item correctness averaged over seeds): "
                       f"{gk['mean_gap_points']} [{gk['ci95_points'][0]}, {gk['ci95_points'][1]}] points"
