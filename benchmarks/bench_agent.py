@@ -148,7 +148,7 @@ def uh_scripted(args, work: Path) -> tuple[list[dict], dict]:
         free = report == "free"
         runs = args.uh_free_runs if free and args.uh_free_runs else args.uh_runs
         small = free and args.uh_free_cells == "small"
-        for env_name in ("grid", "seq", "bio"):
+        for env_name in (args.uh_free_envs.split(",") if free else ("grid", "seq", "bio")):
             for steps in ((args.uh_small,) if small else (args.uh_small, args.uh_large)):
                 for policy, window in ((("crnr", args.uh_window),) if small else
                                        (("crnr", args.uh_window), ("sliding", args.uh_window))):
@@ -165,9 +165,11 @@ def uh_scripted(args, work: Path) -> tuple[list[dict], dict]:
                         raw[key] = {**s, "report": report, "judge": evs[0]["judge"]}
                         rows.append(_uh_row(UH_LABEL[kind], env_name, steps, policy, s, acts / dt,
                                             MENU if report == "menu" else f"free report, judge {evs[0]['judge']}"))
+                    means = [raw[f"{k}-{env_name}-{steps}-{policy}" + ("" if report == "menu" else "-free")]["score"]["mean"]
+                             for k in ("oracle", "infer", "random")]
                     print(f"  UltraHorizon scripted {report} {env_name} R={steps} {policy}: " + ", ".join(
-                        f"{k} {raw[f'{k}-{env_name}-{steps}-{policy}' + ('' if report == 'menu' else '-free')]['score']['mean']:.1f}"
-                        for k in ("oracle", "infer", "random")), flush=True)
+                        f"{k} {'n/a (judge output unparseable)' if m is None else f'{m:.1f}'}"
+                        for k, m in zip(("oracle", "infer", "random"), means)), flush=True)
     return rows, raw
 
 
@@ -195,9 +197,9 @@ def free_judge_gate(free: dict) -> dict:
     rnd = {k: v["score"]["mean"] for k, v in free.items() if k.startswith("random") and v["score"]["mean"] is not None}
     pairs = [(orc[k], rnd["random" + k[6:]]) for k in orc if "random" + k[6:] in rnd]
     return gate("uh_free_judge_valid: oracle report >= 90 and above random in every free-report cell",
-                lambda: all(o >= 90 and o > r for o, r in pairs),
-                {"oracle": orc, "random": rnd}, precondition=bool(pairs),
-                reason="no free-report cell with a judge was run (pass --uh-judge)")
+                lambda: all(o >= 90 for o in orc.values()) and all(o > r for o, r in pairs),
+                {"oracle": orc, "random": rnd}, precondition=bool(orc),
+                reason="no free-report cell with a judged oracle report (pass --uh-judge)")
 
 
 def uh_part(args, work: Path) -> dict:
@@ -336,7 +338,9 @@ def only_uh_scripted(args) -> None:
                                       f"--uh-small {args.uh_small} --uh-large {args.uh_large} --uh-window {args.uh_window}"
                                       + (f" --uh-judge {args.uh_judge}" if args.uh_judge else "")
                                       + (f" --uh-free-runs {args.uh_free_runs}" if args.uh_free_runs else "")
-                                      + (" --uh-free-cells small" if args.uh_free_cells == "small" else ""))
+                                      + (" --uh-free-cells small" if args.uh_free_cells == "small" else "")
+                                      + (f" --uh-free-envs {args.uh_free_envs}" if args.uh_free_envs != "grid,seq,bio"
+                                         else ""))
     write(results)
     print(f"UltraHorizon scripted part {time.time() - t:.0f} s")
 
@@ -382,6 +386,7 @@ def main() -> None:
     ap.add_argument("--uh-free-runs", type=int, default=0, help="runs per free-report cell (default: --uh-runs)")
     ap.add_argument("--uh-free-cells", default="all", choices=["all", "small"],
                     help="free-report cells: all, or small (R = --uh-small, CRNR only: one judge call per run)")
+    ap.add_argument("--uh-free-envs", default="grid,seq,bio", help="environments of the free-report cells")
     ap.add_argument("--uh-small", type=int, default=10)
     ap.add_argument("--uh-large", type=int, default=50)
     ap.add_argument("--uh-window", type=int, default=40)

@@ -255,3 +255,5 @@ def test_free_judge_gate_needs_the_oracle_report_near_100_and_above_random():
     bad = {"oracle-grid-10-crnr-free": cell(10.0), "random-grid-10-crnr-free": cell(10.0)}  # a judge misreading the rubric
     assert ba.free_judge_gate(bad)["verdict"] == "not met"
     assert ba.free_judge_gate({})["verdict"] == "not tested"
+    unparsed = {"oracle-grid-10-crnr-free": cell(10.0), "random-grid-10-crnr-free": cell(None)}  # judge gave no score
+    assert ba.free_judge_gate(unparsed)["verdict"] == "not met"
