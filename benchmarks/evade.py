@@ -28,8 +28,8 @@ detection outcome; reported with the count.
 
 beta0 sweep (issue 43; driven by benchmarks/evade_sweep.py): an attack ``bira@B`` runs BIRA at the fixed
 beta0 = B (e.g. ``bira@-2``); the pseudo-attack ``calibrate`` measures the calibrated beta0 as its own stage;
-``--fresh-calibration`` points the beta0 cache at an empty temporary file for that measurement, so it is
-re-measured and never read from ``~/.cache``; ``--order attack`` runs one attack over every scheme before
+``--fresh-calibration`` measures it with the beta0 cache off (``use_cache=False``), so it is re-measured and
+``~/.cache`` is neither read nor written; ``--order attack`` runs one attack over every scheme before
 the next; ``--per-text`` stores the per-text similarity, score, flag, perplexity and attempts in the JSON.
 Every row carries a percentile-bootstrap 95 % interval of the mean similarity (``similarity_ci``).
 
@@ -88,23 +88,6 @@ def similarity_interval(values, seed: int = 0, draws: int = BOOT_DRAWS, level: f
     return list(bootstrap_mean_ci(values, idx, level))
 
 
-def fresh_beta0_cache():
-    """Context manager: the beta0 cache of llmtool.evade.beta_cache points at a new empty temporary file,
-    so a calibration inside it is measured, not looked up (``~/.cache`` is neither read nor written)."""
-    import contextlib
-    import tempfile
-    from unittest import mock
-
-    from llmtool.evade import beta_cache
-
-    @contextlib.contextmanager
-    def ctx():
-        with tempfile.TemporaryDirectory() as tmp, \
-                mock.patch.object(beta_cache, "cache_path", lambda: Path(tmp) / "evade" / "beta0.json"):
-            yield
-    return ctx()
-
-
 def self_bleu(texts: list[str]) -> float:
     """Mean over texts of sacrebleu sentence BLEU-4 of each text against all the others as references."""
     import sacrebleu
@@ -131,8 +114,7 @@ def main(argv=None) -> int:
                          "scheme by scheme; scheme: one scheme at a time; attack: generation and cheap attacks "
                          "first, then each paraphrase attack (in --attacks order) over every scheme")
     ap.add_argument("--fresh-calibration", action="store_true",
-                    help="measure the calibrated beta0 with the cache pointed at an empty temporary file "
-                         "(never read from ~/.cache)")
+                    help="measure the calibrated beta0 with the cache off (~/.cache neither read nor written)")
     ap.add_argument("--per-text", action="store_true",
                     help="store per-text similarity, score, flag, perplexity and attempts in the JSON")
     ap.add_argument("--stop-at", default=None, help="UTC HH:MM; stages not started by then are skipped")
@@ -294,16 +276,14 @@ def main(argv=None) -> int:
             state["skipped"].append(f"{name}/{attack_name} (no watermarked texts)")
             return
         extra = {}
-        if fixed_beta0(attack_name) is not None:
-            beta0 = fixed_beta0(attack_name)
+        fixed = fixed_beta0(attack_name)
+        if fixed is not None or attack_name in ("bira-cal", "bira-4"):
+            beta0 = fixed if fixed is not None else -4.0 if attack_name == "bira-4" else calibration()
             res = REG.get("bira")(marked[name], ctx_for(name, BiraConfig(beta0, 1.0, 0, 0.0)))
             extra["beta0"] = beta0
-            extra["first_try_degenerate_rate"] = statistics.fmean(r["iterations"] > 1 for r in res)
-            extra["_results"] = res
-        elif attack_name in ("bira-cal", "bira-4"):
-            beta0 = -4.0 if attack_name == "bira-4" else calibration()
-            res = REG.get("bira")(marked[name], ctx_for(name, BiraConfig(beta0, 1.0, 0, 0.0)))
-            extra["beta0"] = beta0
+            if fixed is not None:
+                extra["first_try_degenerate_rate"] = statistics.fmean(r["iterations"] > 1 for r in res)
+                extra["_results"] = res
         else:
             res = REG.get(attack_name)(marked[name], ctx_for(name))
         texts = [r["attacked_text"] or " " for r in res]
@@ -319,9 +299,9 @@ def main(argv=None) -> int:
         t0 = time.time()
         # the library path of `evade attack --method bira` without --beta0 (same cache entry for these settings)
         model_dir = resolve_model(args.model)
-        with (fresh_beta0_cache() if args.fresh_calibration else _no_context()):
-            beta0, entry = beta_cache.calibrate_for_rewriter(para, model_dir, texts=args.calib_texts,
-                                                             temperature=0.7, top_p=0.9, seed=args.seed)
+        beta0, entry = beta_cache.calibrate_for_rewriter(para, model_dir, texts=args.calib_texts, temperature=0.7,
+                                                         top_p=0.9, seed=args.seed,
+                                                         use_cache=not args.fresh_calibration)
         state["calibration"] = {"beta0": beta0, "cached": entry["cached"], "note": entry["note"],
                                 "curve": entry["curve"], "texts": args.calib_texts, "seconds": round(time.time() - t0, 1),
                                 "fresh": bool(args.fresh_calibration)}
@@ -477,12 +457,6 @@ def public_argv(argv) -> list[str]:
         else:
             out.append(a)
     return out
-
-
-def _no_context():
-    import contextlib
-
-    return contextlib.nullcontext()
 
 
 def _round(x, digits: int = 3):

@@ -262,7 +262,7 @@ def summarize(args, runs: dict, command: str) -> dict:
     cal_txt = ("not measured (" + ("skipped: past --stop-at" if evade_bench.CALIBRATE in meta["skipped"] else
                                    "the run stopped before it") + ")") if cal is None else (
         f"beta0 = {cal['beta0']:g} ({cal['note']}; {cal['texts']} austen-test texts; cache "
-        f"{'bypassed (empty temporary file)' if cal.get('fresh') else 'used'}, read from cache: {cal['cached']}; "
+        f"{'bypassed (cache off)' if cal.get('fresh') else 'used'}, read from cache: {cal['cached']}; "
         + ", ".join(f"beta {c['beta']:g}: {c['degenerate_rate']:.0%} degenerate"
                     + (" (significant)" if c["significant"] else "") for c in cal["curve"])
         + f"; {cal['seconds'] / 60:.1f} min)")

@@ -56,8 +56,7 @@ def test_fresh_calibration_never_reads_the_cache(ev, tmp_path, monkeypatch):
     curve = [{"beta": 0.0, "degenerate_rate": 0.0}]
     assert beta_cache.calibrated_beta0(model, settings, lambda: (-2.0, curve), -4.0)[0] == -2.0
     cached = beta_cache.cache_path().read_text()
-    with ev.fresh_beta0_cache():
-        beta0, entry = beta_cache.calibrated_beta0(model, settings, lambda: (-1.0, curve), -4.0)
+    beta0, entry = beta_cache.calibrated_beta0(model, settings, lambda: (-1.0, curve), -4.0, use_cache=False)
     assert (beta0, entry["cached"]) == (-1.0, False)          # measured, not the cached -2
     assert beta_cache.cache_path().read_text() == cached      # the real cache is not written
     assert beta_cache.calibrated_beta0(model, settings, lambda: (-3.0, curve), -4.0)[0] == -2.0  # outside: cached

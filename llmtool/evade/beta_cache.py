@@ -68,13 +68,15 @@ def store(key: str, entry: dict) -> None:
 
 
 def calibrated_beta0(model_dir: Path, settings: dict, measure: Callable[[], tuple[float | None, list[dict]]],
-                     fallback: float) -> tuple[float, dict]:
+                     fallback: float, use_cache: bool = True) -> tuple[float, dict]:
     """beta0 for the rewriter in ``model_dir`` under ``settings``: the cached value, else ``measure()``
     (stored). When no beta on the grid degenerates the rewriter tolerates the whole grid and its end is
     used; ``fallback`` is used only when the measurement is uninformative (the rewriter degenerates at
-    beta = 0 more often than not). Returns (beta0, entry) with ``entry["cached"]`` saying where it came from."""
+    beta = 0 more often than not). ``use_cache=False`` always measures and neither reads nor writes the cache
+    (a benchmark re-measuring the calibration). Returns (beta0, entry) with ``entry["cached"]`` saying where it
+    came from."""
     key = cache_key(rewriter_fingerprint(model_dir), settings)
-    entry = lookup(key)
+    entry = lookup(key) if use_cache else None
     if entry is not None and isinstance(entry.get("beta0"), (int, float)):
         return float(entry["beta0"]), {**entry, "cached": True}
     beta0, curve = measure()
@@ -85,16 +87,18 @@ def calibrated_beta0(model_dir: Path, settings: dict, measure: Callable[[], tupl
     else:
         note = "first beta degenerating significantly more often than beta = 0"
     entry = {"beta0": float(beta0), "curve": curve, "note": note, "rewriter": str(model_dir), **settings}
-    store(key, entry)
+    if use_cache:
+        store(key, entry)
     return float(beta0), {**entry, "cached": False}
 
 
 def calibrate_for_rewriter(para, model_dir: Path, *, texts: int, temperature: float, top_p: float, seed: int,
                            percentile: float = 0.0, aux_name: str | None = None, aux_model=None, aux_tokenizer=None,
-                           announce: Callable[[], None] | None = None) -> tuple[float, dict]:
+                           announce: Callable[[], None] | None = None, use_cache: bool = True) -> tuple[float, dict]:
     """beta0 of the rewriter ``para`` (a :class:`llmtool.evade.paraphrase.Paraphraser` loaded from
     ``model_dir``): cached, or measured on ``texts`` held-out Austen texts with
-    :func:`llmtool.evade.bira.calibrate_beta` (``announce`` is called before a measurement)."""
+    :func:`llmtool.evade.bira.calibrate_beta` (``announce`` is called before a measurement; ``use_cache``: see
+    :func:`calibrated_beta0`)."""
     settings = {"texts": texts, "source": CALIB_SOURCE, "grid": list(GRID), "temperature": temperature,
                 "top_p": top_p, "percentile": percentile, "aux_model": aux_name, "seed": seed,
                 "rule": "wilson-vs-beta0"}
@@ -111,4 +115,4 @@ def calibrate_for_rewriter(para, model_dir: Path, *, texts: int, temperature: fl
         lengths = [para.source_length(t) for t in docs]
         return calibrate_beta(lambda beta: para.rewrite_ids(docs, sets, [beta] * len(docs), seed=seed), lengths, GRID)
 
-    return calibrated_beta0(model_dir, settings, measure, fallback=-4.0)
+    return calibrated_beta0(model_dir, settings, measure, fallback=-4.0, use_cache=use_cache)
