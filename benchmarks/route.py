@@ -129,16 +129,25 @@ def regate(tag: str) -> None:
     print(f"re-judged {len(res['gates'])} gates of {jf.name}")
 
 
-def mean_gap_ci(a: list[dict], b: list[dict]) -> dict:
-    """Paired difference of per-item correctness (a − b), mean over items with a normal 95 % interval."""
-    bi = {x["id"]: x["correct"] for x in b}
-    d = [int(x["correct"]) - int(bi[x["id"]]) for x in a if x["id"] in bi]
+def _gap_summary(d: list[float]) -> dict:
+    """Mean of paired per-item differences with a normal 95 % interval, in points."""
     n = len(d)
     m = sum(d) / n
     sd = math.sqrt(sum((x - m) ** 2 for x in d) / max(1, n - 1))
     half = 1.96 * sd / math.sqrt(n)
     return {"mean_gap_points": round(100 * m, 2), "ci95_points": [round(100 * (m - half), 2), round(100 * (m + half), 2)],
             "n": n}
+
+
+def fmt_gap(g: dict) -> str:
+    """``mean [low, high]`` of a gap summary, in points."""
+    return f"{g['mean_gap_points']} [{g['ci95_points'][0]}, {g['ci95_points'][1]}]"
+
+
+def mean_gap_ci(a: list[dict], b: list[dict]) -> dict:
+    """Paired difference of per-item correctness (a − b), mean over items with a normal 95 % interval."""
+    bi = {x["id"]: x["correct"] for x in b}
+    return _gap_summary([int(x["correct"]) - int(bi[x["id"]]) for x in a if x["id"] in bi])
 
 
 def pooled_gap_ci(a_runs: list[list[dict]], b_runs: list[list[dict]]) -> dict:
@@ -152,13 +161,7 @@ def pooled_gap_ci(a_runs: list[list[dict]], b_runs: list[list[dict]]) -> dict:
         return {k: sum(v) / len(v) for k, v in acc.items()}
 
     a, b = avg(a_runs), avg(b_runs)
-    d = [a[k] - b[k] for k in a if k in b]
-    n = len(d)
-    m = sum(d) / n
-    sd = math.sqrt(sum((x - m) ** 2 for x in d) / max(1, n - 1))
-    half = 1.96 * sd / math.sqrt(n)
-    return {"mean_gap_points": round(100 * m, 2), "ci95_points": [round(100 * (m - half), 2), round(100 * (m + half), 2)],
-            "n": n, "runs": [len(a_runs), len(b_runs)]}
+    return {**_gap_summary([a[k] - b[k] for k in a if k in b]), "runs": [len(a_runs), len(b_runs)]}
 
 
 def items_of(ev: dict, doms: list[str]) -> list[dict]:
@@ -601,10 +604,8 @@ def main() -> None:
           ] + ([args.note, ""] if args.note else []) + ([f"Not run for time: {', '.join(skipped)}.", ""] if skipped else []) + [
           "Accuracy % per domain with Wilson 95 % interval (mean over the trained domains; joint is report-only):", "",
           markdown_table(table), "",
-          f"FusionRoute − route-only (paired, points, {'+'.join(doms)}): {gap['mean_gap_points']} "
-          f"[{gap['ci95_points'][0]}, {gap['ci95_points'][1]}] over {gap['n']} items"
-          + (f"; on joint: {gap_joint['mean_gap_points']} [{gap_joint['ci95_points'][0]}, {gap_joint['ci95_points'][1]}]"
-             f" over {gap_joint['n']} items." if gap_joint else "."), ""]
+          f"FusionRoute − route-only (paired, points, {'+'.join(doms)}): {fmt_gap(gap)} over {gap['n']} items"
+          + (f"; on joint: {fmt_gap(gap_joint)} over {gap_joint['n']} items." if gap_joint else "."), ""]
     if seq_any_joint:
         md += [f"Sequence selection's ceiling on joint (either expert's answer correct): {seq_any_joint['correct']}/"
                f"{seq_any_joint['n']}.", ""]
@@ -620,21 +621,16 @@ def main() -> None:
         for key in [k for k in ("fusion_minus_route_only", "fusion_minus_sft_union") if k in seed_summary]:
             gk = seed_summary[key]
             md.append(f"- {key.replace('_', ' ')} (paired over items, per-item correctness averaged over seeds): "
-                      f"{gk['mean_gap_points']} [{gk['ci95_points'][0]}, {gk['ci95_points'][1]}] points"
-                      + (f"; joint {seed_summary[key + '_joint']['mean_gap_points']} "
-                         f"[{seed_summary[key + '_joint']['ci95_points'][0]}, {seed_summary[key + '_joint']['ci95_points'][1]}]"
-                         if joint_rows else "") + "; per seed: "
-                      + ", ".join(f"{s}: {x['mean_gap_points']} [{x['ci95_points'][0]}, {x['ci95_points'][1]}]"
-                                  for s, x in seed_summary["per_seed_gaps"][key].items()))
+                      f"{fmt_gap(gk)} points" + (f"; joint {fmt_gap(seed_summary[key + '_joint'])}" if joint_rows else "")
+                      + "; per seed: " + ", ".join(f"{s}: {fmt_gap(x)}"
+                                                   for s, x in seed_summary["per_seed_gaps"][key].items()))
         md.append("")
     if cdpo_info:
         c = cdpo_info["paired_gap_vs_stage1"]
         md += [f"Stage 2 (CDPO, {cdpo_info['pairs']} preference pairs {json.dumps(cdpo_info['pairs_by_domain'])}, "
                f"{cdpo_info['chosen_from_gold']} with the gold answer as chosen) − stage 1 (paired, same items): "
-               f"{c['mean_gap_points']} [{c['ci95_points'][0]}, {c['ci95_points'][1]}] points"
-               + (f"; joint {cdpo_info['paired_gap_vs_stage1_joint']['mean_gap_points']} "
-                  f"[{cdpo_info['paired_gap_vs_stage1_joint']['ci95_points'][0]}, "
-                  f"{cdpo_info['paired_gap_vs_stage1_joint']['ci95_points'][1]}]" if joint_rows else "") + ".", ""]
+               f"{fmt_gap(c)} points"
+               + (f"; joint {fmt_gap(cdpo_info['paired_gap_vs_stage1_joint'])}" if joint_rows else "") + ".", ""]
     md += [f"Cost: fusion {cost['fusion_tokens_per_s']} tok/s vs single expert {cost['single_expert_tokens_per_s']} tok/s "
            f"(ratio {cost['ratio_fusion_over_expert']}); peak RSS MiB per eval process: {json.dumps(mem)}", "",
            "Gates:", "", markdown_table(gate_rows(gates)), "", "Commands:", "", "```"] + [s["cmd"] for s in log] + ["```", ""]
