@@ -487,3 +487,7 @@ def test_cli_seq_select_verifier_reuses_candidates(cli_setup, tmp_path):
                            "--candidates", str(cand), "--experts", experts, "--base", str(base), "--in", str(data),
                            "--template", "raw")
     assert code == 2 and "candidates" in err and not (tmp_path / "bad").exists()
+    code, _, err = run_cli("route", "baseline", str(tmp_path / "gone"), "--method", "seq-select", "--scorer", "verifier",
+                           "--candidates", str(tmp_path / "missing.jsonl"), "--experts", experts, "--base", str(base),
+                           "--in", str(data), "--template", "raw")
+    assert code == 2 and "missing.jsonl: no such file" in err and not (tmp_path / "gone").exists()

@@ -462,7 +462,8 @@ def baseline_cmd(
 ) -> None:
     """Run one baseline family: generation baselines write OUT/generations.jsonl; merges and sft-union
     write OUT as an ordinary HF checkpoint."""
-    _preflight(base, out, (data, prompts), overwrite, experts)
+    candidates = Path(config.candidates) if getattr(config, "candidates", "") else None
+    _preflight(base, out, (data, prompts, candidates), overwrite, experts)
     from llmtool.core.data import write_jsonl
     from llmtool.core.job import job
     from llmtool.core.models import load_model, load_tokenizer, resolve_model
@@ -476,7 +477,7 @@ def baseline_cmd(
         raise UsageError(f"--method {config.name} needs --in PROMPTS")
     if config.name == "sft-union" and data is None:
         raise UsageError("--method sft-union needs --data (the union of the experts' training data)")
-    inputs = tuple(p for p in (data, prompts) if p is not None)
+    inputs = tuple(p for p in (data, prompts, candidates) if p is not None)
     with job("route baseline", out=out, overwrite=overwrite, config=config, model=base, inputs=inputs) as j:
         tok = load_tokenizer(j.model_path)
         ref = vocab_hash(tok)
@@ -494,7 +495,7 @@ def baseline_cmd(
                 outs, recs_all, secs = [], [], 0.0
                 if config.candidates:
                     # every expert's answer from an earlier seq-select run on the same prompts (no generation)
-                    prev = {str(r["id"]): r for r in read_rows(Path(config.candidates), required=("output",))}
+                    prev = {str(r["id"]): r for r in read_rows(candidates, required=("output",))}
                     for r in rows:
                         c = prev.get(str(r["id"]), {}).get("candidates")
                         if not isinstance(c, list) or len(c) != len(models):

@@ -58,17 +58,47 @@ class Domain:
     items: Callable[[int, int], Iterable[dict]] | None = None
     suffix: str = SUFFIX
     scorer: Callable[[dict, str], float] | None = None
+    # the answer *format* a user can check without the gold answer (seq-select's ``verifier`` scorer)
+    well_formed: Callable[[str], bool] | None = None
+
+
+_BARE_INT = re.compile(r"\s*-?\d+\s*")
+
+
+def _bare_int(output: str) -> bool:
+    return _BARE_INT.fullmatch(output) is not None
+
+
+def _one_word(output: str) -> bool:
+    return re.fullmatch(r"\s*[A-Za-z]+\s*", output) is not None
+
+
+def _parses(output: str) -> bool:
+    """The output's first function parses with :func:`ast.parse` (parsing only; nothing is executed)."""
+    import ast
+
+    code = codetasks.extract_code(output)
+    if not code:
+        return False
+    try:
+        ast.parse(code)
+    except (SyntaxError, ValueError):
+        return False
+    return True
 
 
 DOMAINS: dict[str, Domain] = {
-    "math": Domain("math", "chain_sum", {"min_terms": 2, "max_terms": 2, "min_digits": 1, "max_digits": 2}),
-    "reverse": Domain("reverse", "spell_backward", {"min_word_len": 3, "max_word_len": 5}, _first_word),
-    "code": Domain("code", "code", items=codetasks.items, suffix=codetasks.SUFFIX, scorer=codetasks.score),
-    "gsm": Domain("gsm", "gsm_symbolic", {}, _last_int, trainable=False),
+    "math": Domain("math", "chain_sum", {"min_terms": 2, "max_terms": 2, "min_digits": 1, "max_digits": 2},
+                   well_formed=_bare_int),
+    "reverse": Domain("reverse", "spell_backward", {"min_word_len": 3, "max_word_len": 5}, _first_word,
+                      well_formed=_one_word),
+    "code": Domain("code", "code", items=codetasks.items, suffix=codetasks.SUFFIX, scorer=codetasks.score,
+                   well_formed=_parses),
+    "gsm": Domain("gsm", "gsm_symbolic", {}, _last_int, trainable=False, well_formed=_bare_int),
     "joint": Domain("joint", "joint", trainable=False, items=codetasks.joint_items, suffix=codetasks.SUFFIX,
-                    scorer=codetasks.joint_score),
+                    scorer=codetasks.joint_score, well_formed=_parses),
     "humaneval": Domain("humaneval", "humaneval", trainable=False, items=codetasks.humaneval_items, suffix="",
-                        scorer=codetasks.humaneval_score),
+                        scorer=codetasks.humaneval_score, well_formed=_parses),
 }
 
 
@@ -140,32 +170,11 @@ def correct(row: dict, output: str) -> bool:
     return score(row, output) >= 1.0
 
 
-
-
-_BARE_INT = re.compile(r"\s*-?\d+\s*")
-
-
 def format_ok(domain_name: str | None, output: str) -> bool:
-    """A verifier a user without gold answers can apply: does ``output`` have the domain's answer *format*?
-    ``math``/``gsm``: the output is a bare integer; ``code``/``joint``/``humaneval``: the output's first function
-    parses with :func:`ast.parse` (parsing only; nothing is executed); ``reverse``: one word. A row without a
-    known domain accepts either a bare integer or a parsing function."""
-    import ast
-
-    def parses() -> bool:
-        code = codetasks.extract_code(output)
-        if not code:
-            return False
-        try:
-            ast.parse(code)
-        except (SyntaxError, ValueError):
-            return False
-        return True
-
-    if domain_name in ("math", "gsm"):
-        return _BARE_INT.fullmatch(output) is not None
-    if domain_name in ("code", "joint", "humaneval"):
-        return parses()
-    if domain_name == "reverse":
-        return re.fullmatch(r"\s*[A-Za-z]+\s*", output) is not None
-    return _BARE_INT.fullmatch(output) is not None or parses()
+    """A verifier a user without gold answers can apply: does ``output`` have the domain's answer *format*
+    (its ``well_formed`` check: math/gsm a bare integer, code/joint/humaneval a first function that parses, reverse
+    one word)? A row without a known domain accepts either a bare integer or a parsing function."""
+    d = DOMAINS.get(domain_name or "")
+    if d is not None and d.well_formed is not None:
+        return d.well_formed(output)
+    return _bare_int(output) or _parses(output)
