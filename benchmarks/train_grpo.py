@@ -144,7 +144,8 @@ def _train_once(base_state, model, tok, rows, reward, seed, a, *, loss="clip", m
     from llmtool.train.grpo import GRPOSettings, GRPOTrainerLoop
     from llmtool.train.rewards import make_reward_fn, parse_reward
 
-    model.load_state_dict(base_state)
+    if base_state is not None:  # None: the model is already at its starting weights (a freshly loaded one)
+        model.load_state_dict(base_state)
     torch.manual_seed(seed)
     n_roll = a.prompts * a.group_size
     s = GRPOSettings(steps=a.steps, group_size=a.group_size, prompts_per_rollout=a.prompts,
@@ -168,8 +169,16 @@ def _greedy_eval(model, tok, rows, a):
     texts = [o[0].text for o in outs]
     ok = [bool(rl_data.is_correct(x, t)) for x, t in zip(rows, texts)]
     mks = [int(a.marker.lower() in t.lower()) for t in texts]
+    by_level: dict = {}  # level -> [correct, n, marker]: the task's difficulty levels (e.g. mul's 2x2 and 3x1)
+    for x, o, m in zip(rows, ok, mks):
+        c = by_level.setdefault(x.get("level", "all"), [0, 0, 0])
+        c[0], c[1], c[2] = c[0] + o, c[1] + 1, c[2] + m
+    # pass@1 with and without the marker (spec §3.6: accuracy of responses with / without code reasoning)
+    with_m = [o for o, m in zip(ok, mks) if m]
+    without = [o for o, m in zip(ok, mks) if not m]
     return {"correct": sum(ok), "n": len(ok), "pass@1": sum(ok) / len(ok), "marker_freq": sum(mks) / len(texts),
-            "ok": [int(x) for x in ok], "marker": mks}
+            "ok": [int(x) for x in ok], "marker": mks, "by_level": by_level,
+            "pass@1_with_marker": [sum(with_m), len(with_m)], "pass@1_without_marker": [sum(without), len(without)]}
 
 
 SPURIOUS_ARMS = {  # arm -> (reward, loss, mini-batch: None = rollouts / --updates, else one update per phase)
@@ -180,6 +189,31 @@ SPURIOUS_ARMS = {  # arm -> (reward, loss, mini-batch: None = rollouts / --updat
 }
 SPURIOUS_PROTOCOL = ("model", "steps", "group_size", "prompts", "updates", "micro_batch", "lr", "max_new_tokens",
                      "gen_batch", "train_rows", "test_rows", "hard_frac", "marker")
+# protocol keys recorded only when they differ from these defaults (older runs files stay reusable)
+SPURIOUS_OPTIONAL = {"task": "arith", "train_layers": 0}
+
+
+def spurious_protocol(a) -> dict:
+    pr = {k: getattr(a, k) for k in SPURIOUS_PROTOCOL}
+    pr.update({k: getattr(a, k, d) for k, d in SPURIOUS_OPTIONAL.items() if getattr(a, k, d) != d})
+    return pr
+
+
+def train_last_layers(model, k: int) -> int:
+    """Freeze everything but the last ``k`` decoder blocks and the final norm (the embeddings, tied to the LM
+    head in Qwen2.5-0.5B, stay frozen): what fits AdamW's fp32 states for a 0.5B model in a few GB of CPU
+    memory. ``k`` = 0 trains everything. Returns the number of trainable parameters."""
+    if k:
+        inner = model.get_decoder() if hasattr(model, "get_decoder") else model.model
+        blocks = inner.layers
+        if not 0 < k <= len(blocks):
+            raise SystemExit(f"--train-layers {k}: the model has {len(blocks)} blocks")
+        for prm in model.parameters():
+            prm.requires_grad_(False)
+        for mod in list(blocks[-k:]) + [inner.norm]:
+            for prm in mod.parameters():
+                prm.requires_grad_(True)
+    return sum(prm.numel() for prm in model.parameters() if prm.requires_grad)
 
 
 def _spurious_job(job: dict) -> dict:
@@ -194,14 +228,16 @@ def _spurious_job(job: dict) -> dict:
     torch.set_num_threads(a.threads)
     tok = load_tokenizer(a.model)
     model = load_model(a.model)
-    test = rl_data.make_arith(a.test_rows, seed=200, hard_frac=a.hard_frac)
+    task = getattr(a, "task", "arith")
+    test = rl_data.make_task(task, a.test_rows, seed=200, hard_frac=a.hard_frac)
     name, seed = job["arm"], job["seed"]
     if name == "base":
         return {"arm": "base", "seed": 0, "eval": _greedy_eval(model, tok, test, a), "seconds": 0.0}
-    train = rl_data.make_arith(a.train_rows, seed=100, hard_frac=a.hard_frac)
-    base = {k: v.clone() for k, v in model.state_dict().items()}
+    train = rl_data.make_task(task, a.train_rows, seed=100, hard_frac=a.hard_frac)
+    n_train = train_last_layers(model, getattr(a, "train_layers", 0))
     reward, loss, mb = SPURIOUS_ARMS[name]
-    m, hist, secs = _train_once(base, model, tok, train, reward, seed, a, loss=loss,
+    # the model was just loaded, so it starts at the base weights: no copy of them is kept (memory)
+    m, hist, secs = _train_once(None, model, tok, train, reward, seed, a, loss=loss,
                                 mini_batch=a.prompts * a.group_size if mb == "all" else None)
     t_eval = time.time()
     ev = _greedy_eval(m, tok, test, a)
@@ -216,7 +252,7 @@ def _spurious_job(job: dict) -> dict:
             # per phase: mean clip fraction over its updates, and the ratio extremes of its last update
             "clip_curve": [sum(h["clip_frac"] for h in ph) / len(ph) for ph in per_phase],
             "ratio_range_last": [[ph[-1].get("ratio_min"), ph[-1].get("ratio_max")] for ph in per_phase],
-            "updates_per_phase": len(per_phase[0]) if per_phase else 0}
+            "updates_per_phase": len(per_phase[0]) if per_phase else 0, "trainable_params": n_train}
 
 
 def paired_vs_base(oks: list[list[int]], base_ok: list[int]) -> tuple[float, float, float]:
@@ -259,7 +295,7 @@ def run_spurious(a) -> dict:
     for x in wanted:
         if x not in SPURIOUS_ARMS:
             raise SystemExit(f"--arms: unknown spurious arm {x!r} (choose from {', '.join(SPURIOUS_ARMS)})")
-    protocol = {k: getattr(a, k) for k in SPURIOUS_PROTOCOL}
+    protocol = spurious_protocol(a)
     log = RunLog(RESULTS / f"{a.tag}.spurious.runs.jsonl", protocol, lambda r: (r["arm"], r["seed"]))
     done = log.done()
     jobs = [{"arm": "base", "seed": 0}] + [{"arm": x, "seed": s} for s in range(a.seeds) for x in wanted]
@@ -279,7 +315,8 @@ def run_spurious(a) -> dict:
     _run_jobs(_spurious_job, todo, a.workers, keep)
     before = done[("base", 0)]["eval"]
     res = {"base": before, "arms": {}, "settings": {**protocol, "seeds": a.seeds},
-           "runs_file": log.path.name}
+           "runs_file": log.path.name,
+           "prompt_format": "the tokenizer's chat template (its default system prompt), as `train grpo` does"}
     for name in wanted:
         per_seed = [done[(name, s)] for s in range(a.seeds) if (name, s) in done]
         if not per_seed:
@@ -301,6 +338,7 @@ def run_spurious(a) -> dict:
     res["contrasts"] = clip_contrasts(res)
     res["clip_gate"] = clip_gate(res)
     res["clip_gates"] = clip_gates(res)
+    res["random_gain_gates"] = random_gain_gates(res)
     res["pilots"] = pilot_runs(log.path, protocol)
     res["plot"] = plot_spurious(res, a.tag)
     return res
@@ -367,6 +405,41 @@ def arm_clip_frac(per_seed: list[dict]) -> float | None:
 
 def arm_marker(v: dict) -> float:
     return sum(p["eval"]["marker_freq"] for p in v["per_seed"]) / len(v["per_seed"])
+
+
+ROOM = (0.1, 0.9)  # base pass@1 range in which a gain (or a loss) can show on the test items
+
+
+def random_gain_gates(s: dict) -> list[dict]:
+    """The paper's headline on this model: the random reward (with the clip) raises greedy pass@1, and the
+    marker behaviour, over the base model, on the same test items (seeds pooled, paired Newcombe 95 %
+    interval above 0). Tested only when the clip binds on 1-10 % of tokens and the base pass@1 leaves room
+    (``ROOM``); the marker gate also needs the behaviour in the base model's first-phase rollouts."""
+    arms = s.get("arms", {})
+    if "random" not in arms:
+        return []
+    r, base = arms["random"], s["base"]
+    ok_clip, reason = _clip_precondition(r.get("clip_frac", arm_clip_frac(r["per_seed"])))
+    d, lo, hi = paired_vs_base([p["eval"]["ok"] for p in r["per_seed"]], base["ok"])
+    room = ROOM[0] <= base["pass@1"] <= ROOM[1]
+    out = [gate("random reward raises pass@1 over base (paired 95 % interval above 0)", lambda: lo > 0,
+                {"base": base["pass@1"], "random": round(r["pass@1"], 3), "random_wilson95": r["wilson95"],
+                 "diff": round(d, 3), "ci95": [round(lo, 3), round(hi, 3)], "seeds": len(r["per_seed"])},
+                precondition=ok_clip and room,
+                reason=reason or f"base pass@1 {base['pass@1']:.2f} outside {ROOM}: no room to move")]
+    pairs = [(x, y) for p in r["per_seed"] if "marker" in p["eval"] for x, y in zip(p["eval"]["marker"], base["marker"])]
+    first = [p["marker_curve"][0] for p in r["per_seed"] if p.get("marker_curve") and p["marker_curve"][0] is not None]
+    present = bool(first) and sum(first) / len(first) > 0
+    if pairs:
+        md, mlo, mhi = paired_items(pairs)
+        out.append(gate("random reward raises the marker over base (greedy, paired 95 % interval above 0)",
+                        lambda: mlo > 0,
+                        {"base": base["marker_freq"], "random": round(arm_marker(r), 3), "diff": round(md, 3),
+                         "ci95": [round(mlo, 3), round(mhi, 3)],
+                         "rollout_marker_phase1": round(sum(first) / len(first), 3) if first else None},
+                        precondition=ok_clip and present,
+                        reason=reason or "the marker is absent from the first phase's rollouts"))
+    return out
 
 
 def _clip_precondition(cf: float | None) -> tuple[bool, str]:
@@ -757,9 +830,21 @@ def markdown(res: dict) -> str:
         rows[0]["clip_frac %"] = ""
         rows[0]["seeds"] = ""
         st = s["settings"]
-        lines += [f"## Spurious rewards, {st['model']}, arithmetic ({st['seeds']} seeds, {st['steps']} phases, "
+        task = {"arith": "arithmetic", "mul": "multiplication (2x2 and 3x1 digits)"}.get(st.get("task", "arith"),
+                                                                                        st.get("task"))
+        trained = f", last {st['train_layers']} blocks trained" if st.get("train_layers") else ""
+        lines += [f"## Spurious rewards, {st['model']}, {task} ({st['seeds']} seeds, {st['steps']} phases, "
                   f"G = {st['group_size']}, {st['prompts']} prompts/phase, {st['updates']} updates/phase "
-                  f"(on-policy arm: 1), lr {st['lr']}, {st['test_rows']} test items)", "", markdown_table(rows), ""]
+                  f"(on-policy arm: 1), lr {st['lr']}{trained}, {st['max_new_tokens']} new tokens, "
+                  f"{st['test_rows']} test items; marker {st['marker']!r})", "", markdown_table(rows), ""]
+        bl = s["base"].get("by_level")
+        if bl:
+            wm, wo = s["base"].get("pass@1_with_marker"), s["base"].get("pass@1_without_marker")
+            lines += ["Base model by level (greedy): " + "; ".join(
+                f"{lv} {c}/{n} = {c / n:.2f} [{wilson(c, n)[0]:.2f}, {wilson(c, n)[1]:.2f}], marker {m}/{n}"
+                for lv, (c, n, m) in sorted(bl.items()))
+                + (f". Pass@1 with the marker {wm[0]}/{wm[1]}, without {wo[0]}/{wo[1]}." if wm and wo else "."),
+                ""]
         if "signal_gate" in s:
             g = s["signal_gate"]
             lines += [f"Signal check (ground-truth ≥ base + 5 points in-domain): "
@@ -772,6 +857,11 @@ def markdown(res: dict) -> str:
                       "clip binds, or would bind in the no-clip arm, mean over updates and seeds; precondition: "
                       f"{100 * CLIP_BINDS:.0f}-{100 * CLIP_BINDS_MAX:.0f} % in the clipped arm):", "",
                       *gate_lines(cgs), ""]
+        rgs = random_gain_gates(s)
+        if rgs:
+            lines += ["Random reward vs the base model (the paper's headline; precondition: the clip binds on "
+                      f"{100 * CLIP_BINDS:.0f}-{100 * CLIP_BINDS_MAX:.0f} % of tokens, base pass@1 in {ROOM}, "
+                      "the marker present in the first phase's rollouts):", "", *gate_lines(rgs), ""]
         if s.get("contrasts"):
             def fmt(c):
                 if not c or c.get("diff") is None:
@@ -877,6 +967,10 @@ def main() -> None:
                         "(e.g. train_grpo_clip for the clip-binding protocol of issue 43)")
     p.add_argument("--arms", default="", help="spurious arms to run (default all)")
     p.add_argument("--threads", type=int, default=2, help="torch threads per process")
+    p.add_argument("--task", default="arith", choices=["arith", "mul"],
+                   help="spurious part: the generated task (mul: 2x2- and 3x1-digit multiplication, for Qwen)")
+    p.add_argument("--train-layers", type=int, default=0,
+                   help="spurious part: train only the last K decoder blocks and the final norm (0 = all; memory)")
     p.add_argument("--workers", type=int, default=1,
                    help="spurious/diversity parts: (arm, seed) runs in parallel processes (e.g. --workers 2 --threads 1)")
     a = p.parse_args()

@@ -6,6 +6,10 @@ Rows are ``{"prompt": str, "answer": str, "task": str, ...}``. Tasks (all genera
   (SmolLM2-135M ≈ 60 % correct at T = 1) and 2-digit additions (≈ 12 %) with ``--hard-frac`` so that
   groups have reward variance. Scored on the **last integer** of the response: a ``\\boxed{}`` format
   gives this model no reward variance (0 % boxed; spec corrections).
+- ``mul`` — harder multiplication for a stronger model, in the same "What is a * b?" form and scored the
+  same way: 2-digit × 2-digit and 3-digit × 1-digit items (Qwen2.5-Coder-0.5B-Instruct, greedy, with its chat
+  template: ≈ 46 % and 56 % correct in a 40-item pilot, so groups have reward variance); ``hard_frac`` is the
+  2-digit × 2-digit share.
 - ``sum-two`` — the multi-answer task for diversity: "Write N as a sum of two positive integers."
   Any ``a + b`` with ``a, b >= 1`` and ``a + b = N`` is correct; the answer key is the unordered pair,
   so distinct correct answers per prompt can be counted.
@@ -100,6 +104,21 @@ def make_arith(n: int, seed: int = 0, hard_frac: float = 0.4) -> list[dict]:
     return rows
 
 
+def make_mul(n: int, seed: int = 0, hard_frac: float = 0.5) -> list[dict]:
+    """2-digit × 2-digit (a ``hard_frac`` share, level ``2x2``) and 3-digit × 1-digit (``3x1``, factor 2-9)
+    multiplications, "What is a * b?", answer the product."""
+    rng = random.Random(seed)
+    rows = []
+    for i in range(n):
+        if rng.random() < hard_frac:
+            a, b, level = rng.randint(10, 99), rng.randint(10, 99), "2x2"
+        else:
+            a, b, level = rng.randint(100, 999), rng.randint(2, 9), "3x1"
+        rows.append({"prompt": f"What is {a} * {b}?", "answer": str(a * b), "task": "mul", "level": level,
+                     "id": f"mul-{seed}-{i}"})
+    return rows
+
+
 def make_sum_two(n: int, seed: int = 0, lo: int = 6, hi: int = 20) -> list[dict]:
     """"Write N as a sum of two positive integers" (N - 1 correct unordered... ordered pairs; the key
     is the unordered pair, so ``N // 2`` distinct correct answers)."""
@@ -146,11 +165,13 @@ def _rg_score(row: dict, ans: str) -> float:
 def make_task(task: str, n: int, seed: int = 0, hard_frac: float = 0.4) -> list[dict]:
     if task == "arith":
         return make_arith(n, seed, hard_frac)
+    if task == "mul":
+        return make_mul(n, seed, hard_frac)
     if task == "sum-two":
         return make_sum_two(n, seed)
     if task.startswith("rg:"):
         return make_reasoning_gym(task[3:], n, seed)
-    raise UsageError(f"unknown task {task!r}: choose arith, sum-two or rg:<reasoning-gym name>")
+    raise UsageError(f"unknown task {task!r}: choose arith, mul, sum-two or rg:<reasoning-gym name>")
 
 
 # ------------------------------------------------------------------------------------ loading
