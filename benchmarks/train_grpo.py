@@ -20,10 +20,21 @@ rollouts; pilots at lr 1e-5 and 3e-5 are kept in the same runs file and listed i
 - spurious: SmolLM2-135M on generated arithmetic, same prompts/steps/seeds for ground-truth, random,
   format, incorrect, random + ratio-no-clip, random + −π·Â, random on-policy; test greedy pass@1
   before/after with Wilson intervals and the marker frequency per step.
-- diversity: GRPO vs SetPO (λ = ``--div-coef``), GRPO + entropy bonus, clip-higher and DRA-GRPO on the
-  sum-two task, from a warm start that knows the task's format (``--warmup-steps`` SFT steps; the model
-  as given has no reward variance on it): pass@k (k = 1..16, n = 16, T = 0.6, top-p 0.95), distinct
-  correct answers per prompt; the warm start first. Runs go to ``train_grpo.diversity.runs.jsonl``.
+- diversity: GRPO vs SetPO (λ = ``--div-coef``, or one arm per λ as ``setpo@0.3``), GRPO + entropy bonus,
+  clip-higher and DRA-GRPO on the sum-two task (N in ``--sum-range``; larger N is the harder variant),
+  from a warm start that knows the task's format (``--warmup-steps`` SFT steps; the model as given has no
+  reward variance on it): pass@k (k = 1, 2, 4, ... up to n = ``--n-eval`` ≤ 64, T = 0.6, top-p 0.95),
+  distinct correct answers per prompt; the warm start first. Runs go to ``TAG.diversity.runs.jsonl``.
+- div-pilot: the warm start's pass@k at each of ``--pilot-warmups`` SFT step counts, to choose a start
+  where pass@1 leaves GRPO reward variance and pass@k at the largest k does not saturate (issue 43).
+
+The non-saturating SetPO protocol of issue 43 (λ sweep and the built baselines, seed-major so a cut run
+leaves whole seeds)::
+
+    .venv/bin/python benchmarks/train_grpo.py --parts div-pilot,diversity --tag train_grpo_div2 \
+        --pilot-warmups 40 --sum-range 10,40 --warmup-steps 40 --steps 10 --group-size 8 --prompts 4 \
+        --updates 2 --lr 2e-5 --max-new-tokens 16 --test-rows 32 --n-eval 32 --seeds 3 --threads 1 \
+        --div-arms grpo,setpo@1.0,setpo@0.3,dra,entropy,setpo@0.1,clip-higher
 - cost: rollout tokens/s, optimizer steps/s, generation share of step time, SetPO overhead.
 
 Gates go through ``benchmarks/gates.py`` (met / not met / not tested + reason): the spurious part reports
@@ -492,26 +503,51 @@ def clip_gates(s: dict) -> list[dict]:
     return [g, strict]
 
 
+def setpo_arms(arms) -> list[str]:
+    """The SetPO arms among ``arms``: ``setpo`` and ``setpo@L`` (the λ sweep)."""
+    return [x for x in arms if x == "setpo" or x.startswith("setpo@")]
+
+
 def setpo_directions(d: dict) -> list[dict]:
-    """The SetPO-vs-GRPO directions of spec §5 as gates: distinct correct answers >= GRPO's, pass@8 (and the
-    largest k) >= GRPO's - 2 points, pass@1 within +-3 points. A pass@k direction is tested only where pass@k
-    does not saturate (both arms below 1.0): at 1.000 it cannot fail."""
-    sp, arms = d.get("paired", {}).get("setpo-grpo"), d.get("arms", {})
-    if not sp or "setpo" not in arms or "grpo" not in arms:
-        return []
-    out = [gate("SetPO distinct correct - GRPO >= 0", sp["distinct_correct"]["diff"] >= 0,
-                round(sp["distinct_correct"]["diff"], 4))]
-    ks = sorted({int(k.split("@")[1]) for k in sp if k.startswith("pass@")})
-    for k in dict.fromkeys(x for x in (8, ks[-1] if ks else None) if x in ks):
-        key = f"pass@{k}"
-        vals = [arms["grpo"][key], arms["setpo"][key]]
-        out.append(gate(f"SetPO {key} - GRPO >= -2 points", sp[key]["diff"] >= -0.02,
-                        {"diff": round(sp[key]["diff"], 4), "grpo": round(vals[0], 4), "setpo": round(vals[1], 4)},
-                        precondition=not saturated(vals, tol=SATURATED_TOL),
-                        reason=f"{key} saturates ({vals[0]:.3f} GRPO, {vals[1]:.3f} SetPO): it cannot fall"))
-    if "pass@1" in sp:
-        out.append(gate("SetPO pass@1 within +-3 points of GRPO", abs(sp["pass@1"]["diff"]) <= 0.03,
-                        round(sp["pass@1"]["diff"], 4)))
+    """The SetPO-vs-GRPO directions of spec §5 as gates, for every SetPO arm (``setpo``, ``setpo@L``): distinct
+    correct answers >= GRPO's, pass@8 >= GRPO's - 2 points, pass@k at the largest k evaluated (when above 8)
+    >= GRPO's, pass@1 within +-3 points. A pass@k direction is tested only where pass@k does not saturate
+    (both arms below 1.0): at 1.000 it cannot fail. Intervals (paired over problems) go in ``measured``."""
+    arms, paired = d.get("arms", {}), d.get("paired", {})
+    out = []
+    if "grpo" not in arms:
+        return out
+    for name in setpo_arms(arms):
+        sp = paired.get(f"{name}-grpo")
+        if not sp:
+            continue
+        label = "SetPO" if name == "setpo" else f"SetPO λ={name.partition('@')[2]}"
+
+        seeds = sorted({r["seed"] for r in arms[name].get("per_seed", [])}
+                       & {r["seed"] for r in arms["grpo"].get("per_seed", [])})
+
+        def measured(key):
+            m = {"diff": round(sp[key]["diff"], 4)}
+            if "lo" in sp[key]:
+                m["ci95"] = [round(sp[key]["lo"], 4), round(sp[key]["hi"], 4)]
+            if seeds:
+                m["seeds"] = len(seeds)
+            return m
+
+        out.append(gate(f"{label} distinct correct - GRPO >= 0", sp["distinct_correct"]["diff"] >= 0,
+                        measured("distinct_correct")))
+        ks = sorted({int(k.split("@")[1]) for k in sp if k.startswith("pass@")})
+        for k in dict.fromkeys(x for x in (8, ks[-1] if ks else None) if x in ks):
+            key = f"pass@{k}"
+            vals = [arms["grpo"][key], arms[name][key]]
+            tol, what = (0.02, "-2 points") if k <= 8 else (0.0, "0")
+            out.append(gate(f"{label} {key} - GRPO >= {what}", sp[key]["diff"] >= -tol,
+                            {**measured(key), "grpo": round(vals[0], 4), "setpo": round(vals[1], 4)},
+                            precondition=not saturated(vals, tol=SATURATED_TOL),
+                            reason=f"{key} saturates ({vals[0]:.3f} GRPO, {vals[1]:.3f} SetPO): it cannot fall"))
+        if "pass@1" in sp:
+            out.append(gate(f"{label} pass@1 within +-3 points of GRPO", abs(sp["pass@1"]["diff"]) <= 0.03,
+                            measured("pass@1")))
     return out
 
 
@@ -549,6 +585,59 @@ DIV_ARMS = {  # arm -> (shaper, extra GRPOSettings): GRPO, SetPO and the spec's 
     "grpo": ("grpo", {}), "setpo": ("setpo", {}), "entropy": ("grpo", {"entropy_coef": 1e-3}),
     "clip-higher": ("grpo", {"clip_eps_high": 0.28}), "dra": ("dra", {}),
 }
+SUM_RANGE = (6, 20)  # sum-two's N range as first committed; another --sum-range is a harder variant (larger N)
+
+
+def div_arm(name: str, div_coef: float) -> tuple[str, dict, dict]:
+    """(shaper, shaper keyword arguments, extra GRPOSettings) of a diversity arm: a DIV_ARMS name, or
+    ``setpo@L`` for SetPO at λ = L (``setpo`` alone takes ``--div-coef``), so one command sweeps λ."""
+    base, at, coef = name.partition("@")
+    if base not in DIV_ARMS or (at and base != "setpo") or (at and not coef):
+        raise ValueError(f"unknown diversity arm {name!r} (choose from {', '.join(DIV_ARMS)}, or setpo@LAMBDA)")
+    shaper, extra = DIV_ARMS[base]
+    if shaper != "setpo":
+        return shaper, {}, dict(extra)
+    try:
+        lam = float(coef) if coef else float(div_coef)
+    except ValueError:
+        raise ValueError(f"diversity arm {name!r}: λ must be a number (e.g. setpo@0.3)") from None
+    if not (lam >= 0 and math.isfinite(lam)):
+        raise ValueError(f"diversity arm {name!r}: λ must be finite and >= 0")
+    return shaper, {"div_coef": lam}, dict(extra)
+
+
+def sum_range(a) -> tuple[int, int]:
+    """The sum-two N range of ``a.sum_range`` ("LO,HI"; default 6,20)."""
+    raw = getattr(a, "sum_range", None) or "%d,%d" % SUM_RANGE
+    try:
+        lo, hi = (int(x) for x in str(raw).split(","))
+    except ValueError:
+        raise SystemExit(f"--sum-range: expected LO,HI (got {raw!r})") from None
+    if not 2 <= lo <= hi:
+        raise SystemExit(f"--sum-range: need 2 <= LO <= HI (got {raw!r})")
+    return lo, hi
+
+
+def div_ks(n_eval: int) -> list[int]:
+    """The k of pass@k evaluated at n samples per problem: powers of two up to n (1..64 at n = 64)."""
+    return [k for k in (1, 2, 4, 8, 16, 32, 64) if k <= n_eval]
+
+
+def div_protocol(a, checksum: str) -> dict:
+    """The settings that change a diversity run's result. The N range enters only when it is not the committed
+    6..20, so runs of the first protocol keep matching their records."""
+    out = {**{k: getattr(a, k) for k in DIV_PROTOCOL}, "start_checksum": checksum}
+    if sum_range(a) != SUM_RANGE:
+        out["sum_range"] = list(sum_range(a))
+    return out
+
+
+def sum_two_rows(a, n: int, seed: int) -> list[dict]:
+    """``n`` sum-two rows drawn with ``seed`` over ``--sum-range``."""
+    from llmtool.train import rl_data
+
+    lo, hi = sum_range(a)
+    return rl_data.make_sum_two(n, seed=seed, lo=lo, hi=hi)
 DIV_PROTOCOL = ("model", "steps", "group_size", "prompts", "updates", "micro_batch", "lr", "max_new_tokens",
                 "gen_batch", "train_rows", "test_rows", "n_eval", "div_coef", "eval_temperature", "eval_top_p",
                 "warmup_steps", "warmup_lr", "warmup_rows")
@@ -606,18 +695,17 @@ def warm_start(a) -> tuple[str, str]:
     if a.warmup_steps <= 0:
         return a.model, "none"
     from llmtool.core.lm import chat_prompt
-    from llmtool.train import rl_data
 
     def make_rows(tok):
         rng = random.Random(500)
         rows = []
-        for r in rl_data.make_sum_two(a.warmup_rows, seed=500):  # train rows are seed 300, test rows seed 400
+        for r in sum_two_rows(a, a.warmup_rows, seed=500):  # train rows are seed 300, test rows seed 400
             x = rng.randint(1, r["n"] - 1)
             rows.append({"prompt": chat_prompt(tok, r["prompt"]), "completion": f"{x} + {r['n'] - x}"})
         return rows
 
-    return cached_sft(a.model, [a.warmup_steps, a.warmup_lr, a.warmup_rows], make_rows, a.warmup_steps,
-                      a.warmup_lr, a.threads * a.workers, "grpo")
+    key = [a.warmup_steps, a.warmup_lr, a.warmup_rows] + ([list(sum_range(a))] if sum_range(a) != SUM_RANGE else [])
+    return cached_sft(a.model, key, make_rows, a.warmup_steps, a.warmup_lr, a.threads * a.workers, "grpo")
 
 
 def _diversity_job(job: dict) -> dict:
@@ -626,14 +714,14 @@ def _diversity_job(job: dict) -> dict:
     import torch
 
     from llmtool.core.models import load_model, load_tokenizer
-    from llmtool.train import passk, rl_data
+    from llmtool.train import passk
     from llmtool.train.diversity import SHAPERS
 
     a = argparse.Namespace(**job["a"])
     torch.set_num_threads(a.threads)
     tok, model = load_tokenizer(job["start"]), load_model(job["start"])
-    test = rl_data.make_sum_two(a.test_rows, seed=400)
-    ks = [k for k in (1, 2, 4, 8, 16) if k <= a.n_eval]
+    test = sum_two_rows(a, a.test_rows, seed=400)
+    ks = div_ks(a.n_eval)
 
     def ev(m):
         r = passk.evaluate(m, tok, test, n=a.n_eval, ks=ks, max_new_tokens=a.max_new_tokens, batch_size=a.gen_batch,
@@ -643,14 +731,20 @@ def _diversity_job(job: dict) -> dict:
     name, seed = job["arm"], job["seed"]
     if name == "base":
         return {"arm": "base", "seed": 0, **ev(model), "seconds": 0.0}
-    shaper_name, extra = DIV_ARMS[name]
-    shaper = SHAPERS.build(shaper_name, **({"div_coef": a.div_coef} if shaper_name == "setpo" else {}))
+    shaper_name, kw, extra = div_arm(name, a.div_coef)
+    shaper = SHAPERS.build(shaper_name, **kw)
     base = {k: v.clone() for k, v in model.state_dict().items()}
-    m, hist, secs = _train_once(base, model, tok, rl_data.make_sum_two(a.train_rows, seed=300), "ground-truth", seed,
+    m, hist, secs = _train_once(base, model, tok, sum_two_rows(a, a.train_rows, seed=300), "ground-truth", seed,
                                 a, shaper=shaper, **extra)
     firsts = [h for h in hist if h.get("update_in_phase") == 0]
-    return {"arm": name, "seed": seed, **ev(m), "seconds": secs,
-            "train_reward": [h.get("reward_mean") for h in firsts]}
+    t_eval = time.time()
+    out = {"arm": name, "seed": seed, **ev(m), "seconds": secs,
+           "train_reward": [h.get("reward_mean") for h in firsts]}
+    if kw:
+        out["div_coef"] = kw["div_coef"]
+    out["eval_seconds"] = time.time() - t_eval
+    out["clip_frac"] = sum(h.get("clip_frac", 0.0) for h in hist) / max(len(hist), 1)
+    return out
 
 
 def run_diversity(a) -> dict:
@@ -658,17 +752,20 @@ def run_diversity(a) -> dict:
     processes; finished runs go to ``train_grpo.diversity.runs.jsonl`` (reused like the spurious part's)."""
     from llmtool.core.runlog import RunLog
 
-    wanted = [x for x in a.div_arms.split(",") if x]
+    wanted = list(dict.fromkeys(x for x in a.div_arms.split(",") if x))
     for x in wanted:
-        if x not in DIV_ARMS:
-            raise SystemExit(f"--div-arms: unknown arm {x!r} (choose from {', '.join(DIV_ARMS)})")
+        try:
+            div_arm(x, a.div_coef)
+        except ValueError as e:
+            raise SystemExit(f"--div-arms: {e}") from None
     if "grpo" not in wanted:
         wanted.insert(0, "grpo")  # every contrast is against GRPO
     start, checksum = warm_start(a)
-    ks = [k for k in (1, 2, 4, 8, 16) if k <= a.n_eval]
-    protocol = {**{k: getattr(a, k) for k in DIV_PROTOCOL}, "start_checksum": checksum}
-    log = RunLog(RESULTS / "train_grpo.diversity.runs.jsonl", protocol, lambda r: (r["arm"], r["seed"]))
+    ks = div_ks(a.n_eval)
+    protocol = div_protocol(a, checksum)
+    log = RunLog(RESULTS / f"{a.tag}.diversity.runs.jsonl", protocol, lambda r: (r["arm"], r["seed"]))
     done = log.done()
+    # seed by seed (every arm at seed 0 first), so a run cut short leaves whole seeds
     jobs = [{"arm": "base", "seed": 0}] + [{"arm": x, "seed": s} for s in range(a.seeds) for x in wanted]
     todo = [dict(j, a=vars(a), start=start) for j in jobs if (j["arm"], j["seed"]) not in done]
     print(f"[diversity] {len(jobs)} runs: {len(jobs) - len(todo)} reused, {len(todo)} to train", flush=True)
@@ -679,15 +776,70 @@ def run_diversity(a) -> dict:
         print(f"[diversity] {r['arm']} seed {r['seed']}: pass@1 {r['pass@1']:.3f} pass@{ks[-1]} "
               f"{r[f'pass@{ks[-1]}']:.3f} distinct {r['distinct_correct']:.2f} ({r['seconds']:.0f} s)", flush=True)
 
-    _run_jobs(_diversity_job, todo, a.workers, keep)
+    if not a.no_train:
+        _run_jobs(_diversity_job, todo, a.workers, keep)
+    if ("base", 0) not in done:
+        raise SystemExit("[diversity] the warm start has no evaluation under this protocol yet (run without --no-train)")
     res = {"settings": {**protocol, "seeds": a.seeds, "ks": ks}, "base": done[("base", 0)], "arms": {},
            "runs_file": log.path.name}
     for name in wanted:
-        per = [done[(name, s)] for s in range(a.seeds)]
+        per = [done[(name, s)] for s in range(a.seeds) if (name, s) in done]
+        if not per:
+            continue
         res["arms"][name] = {"per_seed": per, **{k: sum(p[k] for p in per) / len(per) for k in per[0]
                                                  if isinstance(per[0][k], (int, float)) and k != "seed"}}
+        if len(per) < a.seeds:
+            res["arms"][name]["partial"] = True
+    if "grpo" not in res["arms"]:
+        raise SystemExit("[diversity] no GRPO run under this protocol yet: nothing to contrast")
     res["paired"] = diversity_contrasts(res, ks, a.n_eval)
     return res
+
+
+def run_div_pilot(a) -> list[dict]:
+    """The warm start's pass@k and diversity at each of ``--pilot-warmups`` SFT step counts (and the current
+    ``--sum-range``), to choose a start where GRPO has reward variance (pass@1 well below 1) and pass@k at the
+    largest k does not saturate. Each evaluation is the diversity part's "base" run, logged in its runs file
+    under that start's protocol, so a diversity command with the same settings reuses it. Rows accumulate over
+    commands in the results (one per start and eval size)."""
+    from llmtool.core.runlog import RunLog
+    from llmtool.train.passk import pass_at_k
+
+    ks = div_ks(a.n_eval)
+    rows = []
+    for w in [int(x) for x in a.pilot_warmups.split(",") if x.strip()]:
+        b = argparse.Namespace(**{**vars(a), "warmup_steps": w, "workers": 1})
+        t = time.time()
+        start, checksum = warm_start(b)
+        t_sft = time.time() - t
+        log = RunLog(RESULTS / f"{a.tag}.diversity.runs.jsonl", div_protocol(b, checksum),
+                     lambda r: (r["arm"], r["seed"]))
+        r = log.done().get(("base", 0))
+        t = time.time()
+        if r is None:
+            r = _diversity_job({"arm": "base", "seed": 0, "a": vars(b), "start": start})
+            log.append(r)
+        kmax = ks[-1]
+        pp = r["per_problem"]
+        row = {"warmup_steps": w, "sum_range": list(sum_range(b)), "n_eval": b.n_eval, "test_rows": b.test_rows,
+               "start_checksum": checksum,
+               **{k: v for k, v in r.items() if k.startswith("pass@") or k in ("distinct_correct", "answer_entropy")},
+               f"share pass@{kmax} < 1": sum(pass_at_k(b.n_eval, c, kmax) < 1 for c, _ in pp) / len(pp),
+               "share pass@1 = 0": sum(c == 0 for c, _ in pp) / len(pp),
+               "sft_seconds": t_sft, "eval_seconds": time.time() - t}
+        print(f"[div-pilot] warmup {w}, N in {row['sum_range']}: pass@1 {row['pass@1']:.3f} pass@{kmax} "
+              f"{row[f'pass@{kmax}']:.3f}, {100 * row[f'share pass@{kmax} < 1']:.0f} % of problems below 1 "
+              f"({row['eval_seconds']:.0f} s eval)", flush=True)
+        rows.append(row)
+    return rows
+
+
+def merge_pilot(old: list[dict], new: list[dict]) -> list[dict]:
+    """Pilot rows of earlier commands kept, a row of the same start and eval size replaced by the new one."""
+    key = lambda r: (r["warmup_steps"], tuple(r["sum_range"]), r["n_eval"], r["test_rows"], r["start_checksum"])  # noqa: E731
+    out = {key(r): r for r in old}
+    out.update({key(r): r for r in new})
+    return list(out.values())
 
 
 def diversity_contrasts(res: dict, ks, n: int, draws: int = 2000) -> dict:
@@ -698,16 +850,24 @@ def diversity_contrasts(res: dict, ks, n: int, draws: int = 2000) -> dict:
     from llmtool.core.intervals import bootstrap_mean_ci
     from llmtool.train.passk import pass_at_k
 
-    def per_problem(entry) -> dict:
-        seeds = entry["per_seed"] if "per_seed" in entry else [entry]
-        out = {f"pass@{k}": np.mean([[pass_at_k(n, c, k) for c, _ in s["per_problem"]] for s in seeds], axis=0)
+    def per_problem(entry, seeds=None) -> dict:
+        runs = entry["per_seed"] if "per_seed" in entry else [entry]
+        runs = [r for r in runs if seeds is None or r["seed"] in seeds]
+        out = {f"pass@{k}": np.mean([[pass_at_k(n, c, k) for c, _ in s["per_problem"]] for s in runs], axis=0)
                for k in ks}
-        out["distinct_correct"] = np.mean([[d for _, d in s["per_problem"]] for s in seeds], axis=0)
+        out["distinct_correct"] = np.mean([[d for _, d in s["per_problem"]] for s in runs], axis=0)
         return out
+
+    def seeds_of(entry):
+        return {r["seed"] for r in entry["per_seed"]}
 
     grpo = per_problem(res["arms"]["grpo"])
     pairs = [("grpo-base", grpo, per_problem(res["base"]))]
-    pairs += [(f"{name}-grpo", per_problem(v), grpo) for name, v in res["arms"].items() if name != "grpo"]
+    for name, v in res["arms"].items():  # an arm against GRPO over the seeds both have (same prompts, same seed)
+        if name != "grpo":
+            common = seeds_of(v) & seeds_of(res["arms"]["grpo"])
+            if common:
+                pairs.append((f"{name}-grpo", per_problem(v, common), per_problem(res["arms"]["grpo"], common)))
     rng = np.random.default_rng(0)
     m = len(grpo["pass@1"])
     idx = rng.integers(0, m, size=(draws, m))
@@ -721,7 +881,7 @@ def diversity_contrasts(res: dict, ks, n: int, draws: int = 2000) -> dict:
     return out
 
 
-def plot_diversity(d: dict) -> str | None:
+def plot_diversity(d: dict, tag: str = "train_grpo") -> str | None:
     """Left: pass@k against k for the base model and each arm (mean over seeds). Right: distinct correct answers
     per problem, the quantity pass@k saturates past: bar = mean over seeds, dots = single seeds."""
     try:
@@ -745,13 +905,16 @@ def plot_diversity(d: dict) -> str | None:
         bx.bar(i, entry["distinct_correct"], color=f"C{i}", alpha=0.6)
         seeds = [r["distinct_correct"] for r in entry.get("per_seed", [])]
         bx.plot([i] * len(seeds), seeds, "k.", ms=6)
-    bx.set_xticks(range(len(entries)), [name for name, _ in entries])
+    bx.set_xticks(range(len(entries)), [name for name, _ in entries], rotation=45 if len(entries) > 4 else 0,
+                  ha="right" if len(entries) > 4 else "center", fontsize=8 if len(entries) > 4 else None)
     bx.set_ylabel("distinct correct answers / problem")
     st = d["settings"]
-    fig.suptitle(f"sum-two, {st['seeds']} seed(s) x {st['steps']} phases, n = {st['n_eval']} samples at T = "
-                 f"{st.get('eval_temperature', '?')}")
+    lo, hi = st.get("sum_range", SUM_RANGE)
+    nseeds = max((len(v.get("per_seed", [])) for v in d["arms"].values()), default=st["seeds"])
+    fig.suptitle(f"sum-two (N in {lo}..{hi}), {nseeds} seed(s) x {st['steps']} phases, n = {st['n_eval']} "
+                 f"samples at T = {st.get('eval_temperature', '?')}")
     fig.tight_layout()
-    path = RESULTS / "train_grpo_diversity.png"
+    path = RESULTS / f"{tag}_diversity.png"
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return path.name
@@ -890,18 +1053,41 @@ def markdown(res: dict) -> str:
                       markdown_table(prow), ""]
         if s.get("plot"):
             lines += [f"Marker frequency and reward per phase: `benchmarks/results/{s['plot']}`.", ""]
+    if res.get("div_pilot"):
+        prow = []
+        for r in sorted(res["div_pilot"], key=lambda r: (r["sum_range"], r["n_eval"], r["warmup_steps"])):
+            kmax = max(int(k.split("@")[1]) for k in r if k.startswith("pass@"))
+            prow.append({"N range": "%d-%d" % tuple(r["sum_range"]), "SFT warm-up steps": r["warmup_steps"],
+                         "n": r["n_eval"], "problems": r["test_rows"], "pass@1": round(r["pass@1"], 3),
+                         **{f"pass@{k}": round(r[f"pass@{k}"], 3) for k in (8, 16, kmax) if f"pass@{k}" in r},
+                         f"problems with pass@{kmax} < 1": f"{100 * r[f'share pass@{kmax} < 1']:.0f} %",
+                         "never solved": f"{100 * r['share pass@1 = 0']:.0f} %",
+                         "distinct correct": round(r["distinct_correct"], 2),
+                         "SFT s": round(r["sft_seconds"]), "eval s": round(r["eval_seconds"])})
+        lines += ["## Diversity pilot: warm starts on sum-two (`--parts div-pilot`; sampled at the diversity "
+                  "part's T / top-p; the start of the diversity runs is chosen from this table)", "",
+                  markdown_table(prow), ""]
     if "diversity" in res:
         d = res["diversity"]
         keys = [k for k in d["base"] if k.startswith("pass@")] + ["distinct_correct", "answer_entropy"]
-        rows = [{"arm": "base", **{k: round(d["base"][k], 3) for k in keys}}]
-        rows += [{"arm": n, **{k: round(v[k], 3) for k in keys}} for n, v in d["arms"].items()]
+        rows = [{"arm": "base", **{k: round(d["base"][k], 3) for k in keys}, "seeds": ""}]
+        rows += [{"arm": n, **{k: round(v[k], 3) for k in keys},
+                  "seeds": f"{len(v['per_seed'])}" + (" (partial)" if v.get("partial") else "")}
+                 for n, v in d["arms"].items()]
+        if any("clip_frac" in v for v in d["arms"].values()):
+            rows[0]["clip_frac %"] = ""
+            for r, v in zip(rows[1:], d["arms"].values()):
+                r["clip_frac %"] = _pct(v.get("clip_frac"))
         st = d.get("settings")
         head = "## Diversity: GRPO vs SetPO and the spec's baselines (sum-two task)"
         if st:
             start = (f"warm start: {st['warmup_steps']} SFT steps on sum-two" if st.get("warmup_steps")
                      else "from the model as given")
+            lo, hi = st.get("sum_range", SUM_RANGE)
+            lam = ("λ = " + str(st["div_coef"]) if "setpo" in d["arms"] else
+                   "λ as in the arm name (setpo@λ)")
             head += (f" ({st['seeds']} seed(s), {st['steps']} phases, G = {st['group_size']}, {st['prompts']} "
-                     f"prompts/phase, lr {st['lr']}, λ = {st['div_coef']}; {st['test_rows']} test problems × "
+                     f"prompts/phase, lr {st['lr']}, {lam}; N in {lo}..{hi}; {st['test_rows']} test problems × "
                      f"n = {st['n_eval']} samples at T = {st.get('eval_temperature', 1.0)}; {start})")
         lines += [head, "", markdown_table(rows), ""]
         if "paired" in d:
@@ -909,8 +1095,8 @@ def markdown(res: dict) -> str:
             for name, dd in d["paired"].items():
                 prow.append({"contrast": name, **{k: f"{v['diff']:+.3f} [{v['lo']:+.3f}, {v['hi']:+.3f}]"
                                                   for k, v in dd.items()}})
-            lines += ["Paired differences, 95 % bootstrap interval over test problems (seed-averaged per problem):",
-                      "", markdown_table(prow), ""]
+            lines += ["Paired differences, 95 % bootstrap interval over test problems (seed-averaged per problem; "
+                      "an arm against GRPO over the seeds both have):", "", markdown_table(prow), ""]
             g = d["paired"]["grpo-base"]
             kmax = f"pass@{st['ks'][-1]}" if st else "pass@16"
             drop = g[kmax]["hi"] < 0 or g["distinct_correct"]["hi"] < 0
@@ -934,7 +1120,7 @@ def markdown(res: dict) -> str:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--parts", default="bandit", help="comma list of bandit,spurious,diversity,cost")
+    p.add_argument("--parts", default="bandit", help="comma list of bandit,spurious,diversity,div-pilot,cost")
     p.add_argument("--bandit-seeds", type=int, default=200)
     p.add_argument("--model", default="smollm2-135m")
     p.add_argument("--seeds", type=int, default=3)
@@ -958,10 +1144,14 @@ def main() -> None:
                    help="diversity part: SFT steps that teach the sum-two format first (0 = start from --model)")
     p.add_argument("--warmup-lr", type=float, default=1e-4)
     p.add_argument("--warmup-rows", type=int, default=256)
+    p.add_argument("--sum-range", default="%d,%d" % SUM_RANGE,
+                   help="diversity part: sum-two's N range LO,HI (a larger N is the harder variant)")
+    p.add_argument("--pilot-warmups", default="0,10,20,40",
+                   help="div-pilot part: warm starts (SFT steps) whose pass@k is measured at --n-eval")
     p.add_argument("--marker", default="=")
     p.add_argument("--no-train", action="store_true",
-                   help="spurious part: train nothing, summarise the runs already in the runs file (arms with "
-                        "fewer than --seeds runs are marked partial)")
+                   help="spurious/diversity parts: train nothing, summarise the runs already in the runs file "
+                        "(arms with fewer than --seeds runs are marked partial)")
     p.add_argument("--tag", default="train_grpo",
                    help="results name: RESULTS/TAG.json, TAG.md, TAG.spurious.runs.jsonl, TAG_spurious.png "
                         "(e.g. train_grpo_clip for the clip-binding protocol of issue 43)")
@@ -986,7 +1176,9 @@ def main() -> None:
             res["spurious"] = run_spurious(a)
         elif part == "diversity":
             res["diversity"] = run_diversity(a)
-            res["diversity"]["plot"] = plot_diversity(res["diversity"])
+            res["diversity"]["plot"] = plot_diversity(res["diversity"], a.tag)
+        elif part == "div-pilot":
+            res["div_pilot"] = merge_pilot(res.get("div_pilot", []), run_div_pilot(a))
         elif part == "cost":
             res["cost"] = run_cost(a)
         else:

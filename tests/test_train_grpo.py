@@ -597,3 +597,84 @@ def test_clip_contrasts_pair_by_seed_and_by_item():
     assert c["marker_items"]["pairs"] == 9 and c["marker_items"]["diff"] == pytest.approx(3 / 9)
     lo, hi = c["marker_by_seed"]["ci95"]
     assert lo == pytest.approx(0.2 - 4.303 * 0.1 / 3 ** 0.5, abs=1e-3) and hi == pytest.approx(0.4 - lo)
+
+
+# ------------------------------------------------------------------------------------ diversity benchmark (issue 43)
+def _div_bench():
+    from conftest import load_benchmark
+
+    return load_benchmark("train_grpo")
+
+
+def test_diversity_arms_sweep_lambda_and_keep_old_names():
+    b = _div_bench()
+    assert b.div_arm("setpo", 0.1) == ("setpo", {"div_coef": 0.1}, {})
+    assert b.div_arm("setpo@0.3", 0.1) == ("setpo", {"div_coef": 0.3}, {})
+    assert b.div_arm("setpo@1", 0.1)[1] == {"div_coef": 1.0}
+    assert b.div_arm("grpo", 0.5) == ("grpo", {}, {})
+    assert b.div_arm("clip-higher", 0.1) == ("grpo", {}, {"clip_eps_high": 0.28})
+    assert b.div_arm("entropy", 0.1)[2] == {"entropy_coef": 1e-3}
+    assert b.div_arm("dra", 0.1)[0] == "dra"
+    for bad in ("setpo@", "setpo@x", "setpo@-1", "grpo@0.3", "nope"):
+        with pytest.raises(ValueError):
+            b.div_arm(bad, 0.1)
+    assert b.setpo_arms(["grpo", "setpo", "setpo@0.3", "entropy"]) == ["setpo", "setpo@0.3"]
+
+
+def test_diversity_ks_range_and_protocol_of_the_committed_runs():
+    import argparse
+
+    b = _div_bench()
+    assert b.div_ks(16) == [1, 2, 4, 8, 16] and b.div_ks(64) == [1, 2, 4, 8, 16, 32, 64] and b.div_ks(40)[-1] == 32
+    a = argparse.Namespace(**{k: 1 for k in b.DIV_PROTOCOL}, sum_range="6,20")
+    assert "sum_range" not in b.div_protocol(a, "x")  # the first protocol's records keep matching
+    a.sum_range = "20,99"
+    assert b.div_protocol(a, "x")["sum_range"] == [20, 99]
+    rows = b.sum_two_rows(a, 50, seed=1)
+    assert all(20 <= r["n"] <= 99 for r in rows) and rows == rl_data.make_sum_two(50, seed=1, lo=20, hi=99)
+    a.sum_range = "6,20"
+    assert b.sum_two_rows(a, 20, seed=4) == rl_data.make_sum_two(20, seed=4)
+    for bad in ("5", "9,3", "a,b"):
+        a.sum_range = bad
+        with pytest.raises(SystemExit):
+            b.sum_range(a)
+
+
+def _div_res(per_problem_by_arm):
+    """A diversity result: arm -> {seed: [(correct, distinct) per problem]} at n = 8."""
+    arms = {}
+    for name, seeds in per_problem_by_arm.items():
+        per = [{"seed": s, "per_problem": pp} for s, pp in seeds.items()]
+        arms[name] = {"per_seed": per}
+    base = {"per_problem": [(4, 2)] * 3}
+    return {"base": base, "arms": arms}
+
+
+def test_diversity_contrasts_pair_only_common_seeds():
+    b = _div_bench()
+    res = _div_res({"grpo": {0: [(8, 1), (8, 1), (0, 0)], 1: [(0, 0), (0, 0), (0, 0)]},
+                    "setpo@0.3": {0: [(8, 3), (8, 3), (8, 2)]}})
+    c = b.diversity_contrasts(res, [1, 8], 8, draws=200)
+    # seed 0 only: setpo solves the third problem that grpo never does
+    assert c["setpo@0.3-grpo"]["pass@8"]["diff"] == pytest.approx(1 / 3)
+    assert c["setpo@0.3-grpo"]["distinct_correct"]["diff"] == pytest.approx((2 + 2 + 2) / 3)
+    assert c["grpo-base"]["pass@1"]["diff"] == pytest.approx((0.5 + 0.5 + 0) / 3 - 0.5)
+
+
+def test_setpo_lambda_arms_get_gates_and_largest_k_direction_can_fail():
+    b = _div_bench()
+
+    def entry(p1, p8, p64):
+        return {"pass@1": p1, "pass@8": p8, "pass@64": p64}
+
+    d = {"arms": {"grpo": entry(0.5, 0.8, 0.9), "setpo@0.3": entry(0.5, 0.8, 0.85), "setpo@1.0": entry(0.5, 0.8, 1.0)},
+         "paired": {"setpo@0.3-grpo": {"pass@1": {"diff": 0.0}, "pass@8": {"diff": 0.0}, "pass@64": {"diff": -0.05},
+                                       "distinct_correct": {"diff": 0.2, "lo": 0.1, "hi": 0.3}},
+                    "setpo@1.0-grpo": {"pass@1": {"diff": 0.0}, "pass@8": {"diff": 0.0}, "pass@64": {"diff": 0.1},
+                                       "distinct_correct": {"diff": -0.2}}}}
+    v = {g["gate"]: g for g in b.setpo_directions(d)}
+    assert v["SetPO λ=0.3 pass@64 - GRPO >= 0"]["verdict"] == "not met"
+    assert v["SetPO λ=1.0 pass@64 - GRPO >= 0"]["verdict"] == "met"
+    assert v["SetPO λ=0.3 distinct correct - GRPO >= 0"]["measured"]["ci95"] == [0.1, 0.3]
+    assert v["SetPO λ=1.0 distinct correct - GRPO >= 0"]["verdict"] == "not met"
+    assert v["SetPO λ=0.3 pass@8 - GRPO >= -2 points"]["verdict"] == "met"
