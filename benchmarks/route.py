@@ -204,7 +204,7 @@ def fmt_lam(x: float) -> str:
     return f"{x:g}"
 
 
-def main() -> None:
+def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser()
     ap.add_argument("--model", default="smollm2-135m")
     ap.add_argument("--domains", default="math,code")
@@ -242,336 +242,396 @@ def main() -> None:
     ap.add_argument("--regate", action="store_true",
                     help="re-judge the gates of the stored results/<tag>.json and rewrite their section of <tag>.md "
                          "(nothing is run)")
-    args = ap.parse_args()
-    if args.regate:
-        regate(args.tag)
-        return
+    return ap
 
-    import tempfile
 
-    work = Path(args.work or tempfile.mkdtemp(prefix="route-bench-"))
-    work.mkdir(parents=True, exist_ok=True)
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "LLMTOOL_THREADS": str(args.threads), "ROUTE_BENCH_WORK": str(work),
-           "TOKENIZERS_PARALLELISM": "false", "OMP_NUM_THREADS": str(args.threads)}
-    g = ["--seed", str(args.seed)]
-    log: list = json.loads((work / "steps.json").read_text()) if (work / "steps.json").is_file() else []
-    t_start = time.time()
-    doms = [d.strip() for d in args.domains.split(",") if d.strip()]
-    n_joint = args.test if args.joint < 0 else args.joint
-    lams = [float(x) for x in args.lams.split(",") if x.strip()] if args.val else [1.0]
-    extra_seeds = [int(x) for x in args.seeds.split(",") if x.strip() and int(x) != args.seed]
-    T = ["--template", args.template]
-    gen = ["--max-new-tokens", str(args.max_new_tokens), "--batch-size", "16"] + T
+GEN_LABELS = {"seq-select": "seq-select (judge)", "token-select": "token-select (implicit)",
+              "fusion+cdpo": "fusion + stage 2 (CDPO)"}
+SEED_SYSTEMS = ("fusion", "route-only", "sft-union")
 
-    data = work / "data"
-    if not data.exists():
-        run_measured(g + ["route", "data", data, "--domains", args.domains, "--train", args.train, "--test", args.test]
-                     + (["--transfer", "joint"] if n_joint else []), log, env)
-    train, test = data / "train.jsonl", data / "test.jsonl"
-    rows = [json.loads(x) for x in train.read_text().splitlines()]
-    test_rows = [json.loads(x) for x in test.read_text().splitlines()]
-    # the joint set: report-only, never trained on; a joint item whose arithmetic is also a math training question
-    # is dropped (no overlap with train)
-    joint_rows, joint_dropped = [], 0
-    if n_joint:
-        train_text = "\n".join(r["prompt"] for r in rows)
-        for r in (json.loads(x) for x in (data / "transfer.jsonl").read_text().splitlines()):
-            if r["domain"] != "joint":
-                continue
-            if f": {r['arith']} =" in train_text:
-                joint_dropped += 1
-                continue
-            joint_rows.append(r)
-        joint_rows = joint_rows[:n_joint]
-    evalset = work / "eval.jsonl"
-    evalset.write_text("".join(json.dumps(r) + "\n" for r in test_rows + joint_rows))
 
-    # validation split for the merge sweep: another data seed, prompts of train and test dropped
-    val = work / "val.jsonl"
-    if args.val and not val.exists():
-        vdir = work / "valdata"
-        if not vdir.exists():
-            run_measured(["--seed", str(args.seed + 1000), "route", "data", vdir, "--domains", args.domains,
-                          "--train", 1, "--test", args.val], log, env)
-        seen = {r["prompt"] for r in rows + test_rows}
-        vrows = [json.loads(x) for x in (vdir / "test.jsonl").read_text().splitlines()]
-        val.write_text("".join(json.dumps(r) + "\n" for r in vrows if r["prompt"] not in seen))
+class RouteBench:
+    """One benchmark run in a work directory: each phase runs the CLI steps it needs (a step whose output
+    exists is reused, so a run resumes) and keeps what the report needs as attributes."""
 
-    # the experts' training data: every training row, or the first N rows of each domain (--expert-rows)
-    if args.expert_rows:
-        caps = {k.strip(): int(v) for k, v in (x.split("=") for x in args.expert_rows.split(",") if x.strip())}
-        rows = [r for d in doms for r in [x for x in rows if x["domain"] == d][:caps.get(d, len(rows))]]
-        train = work / "experts-train.jsonl"
-        train.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    router_data = work / "router.jsonl"
-    if args.router_rows and args.router_rows < len(rows):
-        rnd = random.Random(args.seed)
-        sub = rnd.sample(rows, args.router_rows)
-        router_data.write_text("".join(json.dumps(r) + "\n" for r in sub))
-    else:
-        router_data.write_text(train.read_text())
-    n_router = sum(1 for _ in router_data.read_text().splitlines())
-    router_steps = math.ceil(n_router * args.epochs / args.batch_size)
-    union_steps = args.union_max_steps
+    def __init__(self, args):
+        import tempfile
 
-    experts_dir = work / "experts"
-    tr = ["--epochs", args.epochs, "--batch-size", args.batch_size] + T
-    if not experts_dir.exists():
-        run_measured(g + ["route", "make-experts", args.model, experts_dir, "--data", train, "--lr", args.expert_lr] + tr,
-                     log, env)
-    experts = ",".join(str(experts_dir / d) for d in doms)
-    base_b = ["--experts", experts, "--base", args.model]
+        self.args = a = args
+        self.work = Path(a.work or tempfile.mkdtemp(prefix="route-bench-"))
+        self.work.mkdir(parents=True, exist_ok=True)
+        self.env = {**os.environ, "HF_HUB_OFFLINE": "1", "LLMTOOL_THREADS": str(a.threads),
+                    "ROUTE_BENCH_WORK": str(self.work), "TOKENIZERS_PARALLELISM": "false",
+                    "OMP_NUM_THREADS": str(a.threads)}
+        steps = self.work / "steps.json"
+        self.log: list = json.loads(steps.read_text()) if steps.is_file() else []
+        self.t_start = time.time()
+        self.g = ["--seed", str(a.seed)]
+        self.doms = [d.strip() for d in a.domains.split(",") if d.strip()]
+        self.n_joint = a.test if a.joint < 0 else a.joint
+        self.lams = [float(x) for x in a.lams.split(",") if x.strip()] if a.val else [1.0]
+        self.extra_seeds = [int(x) for x in a.seeds.split(",") if x.strip() and int(x) != a.seed]
+        self.T = ["--template", a.template]
+        self.gen = ["--max-new-tokens", str(a.max_new_tokens), "--batch-size", "16"] + self.T
+        self.tr = ["--epochs", a.epochs, "--batch-size", a.batch_size] + self.T
+        self.mem: dict = {}
+        self.skipped: list = []
+        self.evals: dict = {}
 
-    def sfx(s: int) -> str:
-        return "" if s == args.seed else f"-s{s}"
+    # ------------------------------------------------------------------ steps
+    def step(self, argv: list) -> dict:
+        return run_measured(argv, self.log, self.env)
 
-    def train_router_union(s: int) -> None:
-        gs = ["--seed", str(s)]
-        fr_s = work / f"fr{sfx(s)}"
-        if not fr_s.exists():
-            run_measured(gs + ["route", "train", fr_s, "--data", router_data, "--experts", experts, "--base", args.model,
-                               "--lr", args.router_lr] + tr, log, env)
-        un = work / f"union{sfx(s)}"
-        if not un.exists():
-            run_measured(gs + ["route", "baseline", un, "--method", "sft-union", "--data", router_data, "--lr", args.expert_lr,
-                               "--epochs", args.epochs, "--max-steps", union_steps, "--batch-size", args.batch_size]
-                         + T + base_b, log, env)
+    def sfx(self, s: int) -> str:
+        return "" if s == self.args.seed else f"-s{s}"
 
-    def evaluate(name: str, sel: list, data_file: Path = evalset, gs=g) -> dict | None:
-        out = work / f"eval-{name.replace(':', '-')}.json"
-        if not out.exists() and args.report_only:
+    def evaluate(self, name: str, sel: list, data_file: Path | None = None, gs=None, key: str | None = None) -> dict | None:
+        """``name``'s evaluation, read from the work dir when a run already wrote it (``key`` names that file
+        when the system's settings vary between runs, e.g. a merge's lambda)."""
+        out = self.work / f"eval-{(key or name).replace(':', '-')}.json"
+        if not out.exists() and self.args.report_only:
             return None
         if not out.exists():
-            rec = run_measured(gs + ["route", "eval", "--data", data_file, "-o", out] + sel + gen, log, env)
-            mem[name] = rec["peak_rss_mib"]
+            rec = self.step((gs or self.g) + ["route", "eval", "--data", data_file or self.evalset, "-o", out]
+                            + sel + self.gen)
+            self.mem[name] = rec["peak_rss_mib"]
         return json.loads(out.read_text())
 
-    mem: dict = {}
-    train_router_union(args.seed)
-    fr = work / "fr"
-
-    # merges: lambda swept on the validation split, the best-on-val lambda evaluated on test
-    sweep: dict = {"merge-ta": {}, "merge-dare": {}}
-    for method, short in (("merge-ta", "ta"), ("merge-dare", "dare")):
-        for lam in lams:
-            d = work / f"{short}-l{fmt_lam(lam)}"
-            if not d.exists():
-                run_measured(g + ["route", "baseline", d, "--method", method, "--lam", lam] + base_b, log, env)
-            if args.val:
-                ev = evaluate(f"val-{short}-l{fmt_lam(lam)}", ["--model", d], val)
-                if ev is not None:
-                    sweep[method][fmt_lam(lam)] = ev["mean_accuracy"]
-    best_lam = {m: (max(lams, key=lambda x: (v[fmt_lam(x)], -abs(x - 1.0))) if v else 1.0) for m, v in sweep.items()}
-
-    gen_baselines = {"seq-select": ("seq", ["--method", "seq-select", "--scorer", "judge", "--in", evalset]),
-                     # the verifier picks among the judge run's candidates (the same greedy answers, not generated twice)
-                     "seq-select:verifier": ("seq-verifier", ["--method", "seq-select", "--scorer", "verifier",
-                                                               "--candidates", work / "seq" / "generations.jsonl",
-                                                               "--in", evalset]),
-                     "token-select": ("tok", ["--method", "token-select", "--value", "implicit", "--in", evalset]),
-                     "token-select:confidence": ("tok-conf", ["--method", "token-select", "--value", "confidence",
-                                                              "--in", evalset])}
-    for name, (d, extra) in gen_baselines.items():
-        if not (work / d).exists() and not args.report_only:
-            run_measured(g + ["route", "baseline", work / d] + extra + gen + base_b, log, env)
-
-    systems = {"base": ["--model", args.model]}
-    for d in doms:
-        systems[f"expert:{d}"] = ["--model", experts_dir / d]
-    systems.update({"fusion": ["--router", fr, "--mode", "fusion"], "route-only": ["--router", fr, "--mode", "route-only"],
-                    "router-only": ["--router", fr, "--mode", "router-only"]})
-    for name, (d, _) in gen_baselines.items():
-        systems[name] = ["--generations", work / d / "generations.jsonl"]
-    systems.update({"merge-ta": ["--model", work / f"ta-l{fmt_lam(best_lam['merge-ta'])}"],
-                    "merge-dare": ["--model", work / f"dare-l{fmt_lam(best_lam['merge-dare'])}"],
-                    "sft-union": ["--model", work / "union"]})
-    evals: dict = {}
-    for name, sel in systems.items():
-        if name.startswith(("seq-select", "token-select")) and not Path(sel[1]).exists():
-            continue
-        ev = evaluate(name, sel)
-        if ev is not None:
-            evals[name] = ev
-    # seq-select's oracle scorer keeps the row's domain expert's greedy answer: its accuracy is each expert's on its
-    # own domain (from their evaluations above; no joint row has a domain expert)
-    if all(f"expert:{d}" in evals for d in doms):
-        evals["seq-select:oracle"] = {
-            "domains": {d: {k: v for k, v in evals[f"expert:{d}"]["domains"][d].items() if k != "expert_share"}
-                        for d in doms},
-            "items": [x for d in doms for x in evals[f"expert:{d}"]["items"] if x["domain"] == d]}
-    systems["seq-select:oracle"] = []
-    order = [k for k in systems if k != "seq-select:oracle"]
-    order.insert(order.index("seq-select:verifier") + 1, "seq-select:oracle")
-    systems = {k: systems.get(k, []) for k in order if k in evals}
-
-    skipped: list = []
-
-    def time_left(part: str) -> bool:
-        if not args.stop_at:
+    def time_left(self, part: str) -> bool:
+        if not self.args.stop_at:
             return True
         import datetime
 
         now = datetime.datetime.now(datetime.timezone.utc).strftime("%H:%M")
-        if now < args.stop_at:
+        if now < self.args.stop_at:
             return True
-        skipped.append(part)
-        print(f"skipped for time ({now} >= --stop-at {args.stop_at}): {part}", flush=True)
+        self.skipped.append(part)
+        print(f"skipped for time ({now} >= --stop-at {self.args.stop_at}): {part}", flush=True)
         return False
 
-    # stage 2 (CDPO) from the seed's stage-1 router, compared on the same items
-    if args.cdpo and ((work / "eval-fusion+cdpo.json").exists()
-                      or (not args.report_only and time_left("stage 2 (CDPO)"))):
-        if not (work / "fr-cdpo").exists():
-            if not (work / "prefs.jsonl").exists():
-                run_measured(g + ["route", "make-prefs", "--router", fr, "--data", router_data, "-o",
-                                  work / "prefs.jsonl", "--limit", str(args.prefs_limit), "--max-new-tokens",
-                                  str(args.max_new_tokens), "--batch-size", "16"], log, env)
-            run_measured(g + ["route", "train", work / "fr-cdpo", "--stage", "cdpo", "--init", fr, "--data",
-                              work / "prefs.jsonl", "--lr", "1e-5", "--batch-size", "4"], log, env)
-        systems["fusion+cdpo"] = ["--router", work / "fr-cdpo", "--mode", "fusion"]
-        evals["fusion+cdpo"] = evaluate("fusion+cdpo", systems["fusion+cdpo"])
+    # ------------------------------------------------------------------ phases
+    def prepare_data(self) -> None:
+        """Train/test rows, the report-only joint set, the merge validation split, the experts' rows and the
+        router's sample."""
+        a, work = self.args, self.work
+        data = work / "data"
+        if not data.exists():
+            self.step(self.g + ["route", "data", data, "--domains", a.domains, "--train", a.train, "--test", a.test]
+                      + (["--transfer", "joint"] if self.n_joint else []))
+        self.train = data / "train.jsonl"
+        rows = [json.loads(x) for x in self.train.read_text().splitlines()]
+        self.test_rows = [json.loads(x) for x in (data / "test.jsonl").read_text().splitlines()]
+        # the joint set: report-only, never trained on; a joint item whose arithmetic is also a math training
+        # question is dropped (no overlap with train)
+        self.joint_rows, self.joint_dropped = [], 0
+        if self.n_joint:
+            train_text = "\n".join(r["prompt"] for r in rows)
+            for r in (json.loads(x) for x in (data / "transfer.jsonl").read_text().splitlines()):
+                if r["domain"] != "joint":
+                    continue
+                if f": {r['arith']} =" in train_text:
+                    self.joint_dropped += 1
+                    continue
+                self.joint_rows.append(r)
+            self.joint_rows = self.joint_rows[:self.n_joint]
+        self.cols = self.doms + (["joint"] if self.joint_rows else [])
+        self.evalset = work / "eval.jsonl"
+        self.evalset.write_text("".join(json.dumps(r) + "\n" for r in self.test_rows + self.joint_rows))
 
-    # extra seeds for the router and sft-union (same data, experts and items)
-    seed_evals = {k: ({args.seed: evals[k]} if k in evals else {}) for k in ("fusion", "route-only", "sft-union")}
-    done_seeds = []
-    for s in extra_seeds:
-        if not all((work / f"eval-{n}{sfx(s)}.json").exists() for n in ("fusion", "route-only", "sft-union")) \
-                and (args.report_only or not time_left(f"seed {s}")):
-            continue
-        done_seeds.append(s)
-        train_router_union(s)
-        gs = ["--seed", str(s)]
-        seed_evals["fusion"][s] = evaluate(f"fusion{sfx(s)}", ["--router", work / f"fr{sfx(s)}", "--mode", "fusion"], gs=gs)
-        seed_evals["route-only"][s] = evaluate(f"route-only{sfx(s)}", ["--router", work / f"fr{sfx(s)}", "--mode",
-                                                                        "route-only"], gs=gs)
-        seed_evals["sft-union"][s] = evaluate(f"sft-union{sfx(s)}", ["--model", work / f"union{sfx(s)}"], gs=gs)
+        # validation split for the merge sweep: another data seed, prompts of train and test dropped
+        self.val = work / "val.jsonl"
+        if a.val and not self.val.exists():
+            vdir = work / "valdata"
+            if not vdir.exists():
+                self.step(["--seed", str(a.seed + 1000), "route", "data", vdir, "--domains", a.domains,
+                           "--train", 1, "--test", a.val])
+            seen = {r["prompt"] for r in rows + self.test_rows}
+            vrows = [json.loads(x) for x in (vdir / "test.jsonl").read_text().splitlines()]
+            self.val.write_text("".join(json.dumps(r) + "\n" for r in vrows if r["prompt"] not in seen))
 
-    # routing quality on held-out gold sequences (in-process): single-domain test rows, and the joint rows
-    from llmtool.core.job import apply_threads
-    from llmtool.route.analysis import routing_quality
-    from llmtool.route.router import load_router
-    from llmtool.route.tasks import correct
-    from llmtool.route.vocab import VocabView
+        # the experts' training data: every training row, or the first N rows of each domain (--expert-rows)
+        if a.expert_rows:
+            caps = {k.strip(): int(v) for k, v in (x.split("=") for x in a.expert_rows.split(",") if x.strip())}
+            rows = [r for d in self.doms for r in [x for x in rows if x["domain"] == d][:caps.get(d, len(rows))]]
+            self.train = work / "experts-train.jsonl"
+            self.train.write_text("".join(json.dumps(r) + "\n" for r in rows))
+        self.rows = rows
+        self.router_data = work / "router.jsonl"
+        if a.router_rows and a.router_rows < len(rows):
+            sub = random.Random(a.seed).sample(rows, a.router_rows)
+            self.router_data.write_text("".join(json.dumps(r) + "\n" for r in sub))
+        else:
+            self.router_data.write_text(self.train.read_text())
+        self.n_router = sum(1 for _ in self.router_data.read_text().splitlines())
+        self.router_steps = math.ceil(self.n_router * a.epochs / a.batch_size)
 
-    apply_threads(args.threads)
-    router, tok, models, meta = load_router(fr)
-    vv = VocabView(meta.vocab_size_used, meta.n_tokens)
-    rq = routing_quality(router, models, vv, tok, test_rows, {d: i for i, d in enumerate(doms)}, template=args.template)
-    rq_joint = None
-    if joint_rows:
-        # on joint there is no "matching" expert: the rate below is the share of informative positions routed to
-        # expert 0 (doms[0])
-        q = routing_quality(router, models, vv, tok, joint_rows, {"joint": 0}, template=args.template)
-        rq_joint = {"informative_fraction": q["informative_fraction"], "informative_positions": q["informative_positions"],
-                    "positions": q["positions"], f"share_routed_to_{doms[0]}": q["matching_expert_rate"]}
-    del router, models
+    def make_experts(self) -> None:
+        a = self.args
+        self.experts_dir = self.work / "experts"
+        if not self.experts_dir.exists():
+            self.step(self.g + ["route", "make-experts", a.model, self.experts_dir, "--data", self.train, "--lr",
+                                a.expert_lr] + self.tr)
+        self.experts = ",".join(str(self.experts_dir / d) for d in self.doms)
+        self.base_b = ["--experts", self.experts, "--base", a.model]
 
-    cols = doms + (["joint"] if joint_rows else [])
-    acc = {n: {d: e["domains"][d]["accuracy"] for d in cols if d in e["domains"]} for n, e in evals.items()}
-    ci = {n: {d: e["domains"][d]["ci95"] for d in cols if d in e["domains"]} for n, e in evals.items()}
-    mean = {n: sum(v[d] for d in doms) / len(doms) for n, v in acc.items()}
-    expert_names = [f"expert:{d}" for d in doms]
-    best_expert = max(expert_names, key=lambda n: mean[n])
-    try:
-        gates = route_gates(acc, mean, rq, doms)
-    except KeyError as e:
-        gates = [gate("the issue's route gates", False, precondition=False,
-                      reason=f"system {e} was not evaluated in the time available")]
-    # the generation baselines' gate covers every scorer / value now
-    sel_names = ["seq-select", "seq-select:verifier", "token-select", "token-select:confidence"]
-    gates = [x for x in gates if not x["gate"].startswith("FusionRoute mean >= token-select")]
-    have = all(k in mean for k in ["fusion"] + sel_names)
-    gates.append(gate("FusionRoute mean >= every seq-select (judge, verifier) and token-select (implicit, confidence) mean",
-                      lambda: all(mean["fusion"] >= mean[k] for k in sel_names),
-                      {k: round(mean[k], 4) for k in ["fusion"] + sel_names if k in mean}, precondition=have,
-                      reason="not every system was evaluated in the time available"))
-    both = "fusion" in evals and "route-only" in evals
-    gap = (mean_gap_ci(items_of(evals["fusion"], doms), items_of(evals["route-only"], doms)) if both
-           else {"mean_gap_points": None, "ci95_points": [None, None], "n": 0})
-    gap_joint = (mean_gap_ci(items_of(evals["fusion"], ["joint"]), items_of(evals["route-only"], ["joint"]))
-                 if joint_rows and both else None)
-    # joint: the oracle of sequence selection ("either expert's answer is correct"), from the judge run's candidates
-    seq_any_joint = None
-    if joint_rows:
-        cands = {r["id"]: r.get("candidates") for r in (json.loads(x) for x in
-                                                          (work / "seq" / "generations.jsonl").read_text().splitlines())}
-        ok = [any(correct(r, c) for c in (cands.get(r["id"]) or [])) for r in joint_rows]
-        seq_any_joint = {"correct": sum(ok), "n": len(ok), "accuracy": round(sum(ok) / len(ok), 4)}
+    def train_router_union(self, s: int) -> None:
+        a, gs = self.args, ["--seed", str(s)]
+        fr_s = self.work / f"fr{self.sfx(s)}"
+        if not fr_s.exists():
+            self.step(gs + ["route", "train", fr_s, "--data", self.router_data, "--experts", self.experts, "--base",
+                            a.model, "--lr", a.router_lr] + self.tr)
+        un = self.work / f"union{self.sfx(s)}"
+        if not un.exists():
+            self.step(gs + ["route", "baseline", un, "--method", "sft-union", "--data", self.router_data, "--lr",
+                            a.expert_lr, "--epochs", a.epochs, "--max-steps", a.union_max_steps, "--batch-size",
+                            a.batch_size] + self.T + self.base_b)
 
-    # seeds: per-seed accuracy, mean and sd over seeds, paired gaps per seed and pooled over seeds
-    seeds_all = [args.seed] + done_seeds
-    per_seed = {k: {str(s): {d: v[s]["domains"][d]["accuracy"] for d in cols} for s in seeds_all if s in v}
-                for k, v in seed_evals.items()}
-    seed_summary: dict = {"seeds": seeds_all, "per_seed": per_seed, "mean": {}, "sd": {}, "per_seed_gaps": {}}
-    for k, v in per_seed.items():
-        if not v:
-            continue
-        ms = [sum(a[d] for d in doms) / len(doms) for a in v.values()]
-        seed_summary["mean"][k] = round(sum(ms) / len(ms), 4)
-        seed_summary["sd"][k] = round(math.sqrt(sum((m - sum(ms) / len(ms)) ** 2 for m in ms) / max(1, len(ms) - 1)), 4)
+    def merge_sweep(self) -> None:
+        """Merges: lambda swept on the validation split, the best-on-val lambda evaluated on test."""
+        self.sweep: dict = {"merge-ta": {}, "merge-dare": {}}
+        for method, short in (("merge-ta", "ta"), ("merge-dare", "dare")):
+            for lam in self.lams:
+                d = self.work / f"{short}-l{fmt_lam(lam)}"
+                if not d.exists():
+                    self.step(self.g + ["route", "baseline", d, "--method", method, "--lam", lam] + self.base_b)
+                if self.args.val:
+                    ev = self.evaluate(f"val-{short}-l{fmt_lam(lam)}", ["--model", d], self.val)
+                    if ev is not None:
+                        self.sweep[method][fmt_lam(lam)] = ev["mean_accuracy"]
+        self.best_lam = {m: (max(self.lams, key=lambda x: (v[fmt_lam(x)], -abs(x - 1.0))) if v else 1.0)
+                         for m, v in self.sweep.items()}
+
+    def generation_baselines(self) -> None:
+        w = self.work
+        self.gen_baselines = {
+            "seq-select": ("seq", ["--method", "seq-select", "--scorer", "judge", "--in", self.evalset]),
+            # the verifier picks among the judge run's candidates (the same greedy answers, not generated twice)
+            "seq-select:verifier": ("seq-verifier", ["--method", "seq-select", "--scorer", "verifier", "--candidates",
+                                                     w / "seq" / "generations.jsonl", "--in", self.evalset]),
+            "token-select": ("tok", ["--method", "token-select", "--value", "implicit", "--in", self.evalset]),
+            "token-select:confidence": ("tok-conf", ["--method", "token-select", "--value", "confidence", "--in",
+                                                     self.evalset])}
+        for d, extra in self.gen_baselines.values():
+            if not (w / d).exists() and not self.args.report_only:
+                self.step(self.g + ["route", "baseline", w / d] + extra + self.gen + self.base_b)
+
+    def evaluate_systems(self) -> None:
+        a, w = self.args, self.work
+        fr = w / "fr"
+        systems = {"base": ["--model", a.model]}
+        for d in self.doms:
+            systems[f"expert:{d}"] = ["--model", self.experts_dir / d]
+        systems.update({"fusion": ["--router", fr, "--mode", "fusion"], "route-only": ["--router", fr, "--mode", "route-only"],
+                        "router-only": ["--router", fr, "--mode", "router-only"]})
+        for name, (d, _) in self.gen_baselines.items():
+            systems[name] = ["--generations", w / d / "generations.jsonl"]
+        systems.update({"merge-ta": ["--model", w / f"ta-l{fmt_lam(self.best_lam['merge-ta'])}"],
+                        "merge-dare": ["--model", w / f"dare-l{fmt_lam(self.best_lam['merge-dare'])}"],
+                        "sft-union": ["--model", w / "union"]})
+        # a merge's file names its lambda: a later run with another best lambda does not reuse a stale evaluation
+        keys = {m: f"{m}-l{fmt_lam(self.best_lam[m])}" for m in ("merge-ta", "merge-dare")}
+        evals = self.evals
+        for name, sel in systems.items():
+            if name.startswith(("seq-select", "token-select")) and not Path(sel[1]).exists():
+                continue
+            ev = self.evaluate(name, sel, key=keys.get(name))
+            if ev is not None:
+                evals[name] = ev
+        # seq-select's oracle scorer keeps the row's domain expert's greedy answer: its accuracy is each expert's on
+        # its own domain (from their evaluations above; no joint row has a domain expert)
+        doms = self.doms
+        if all(f"expert:{d}" in evals for d in doms):
+            evals["seq-select:oracle"] = {
+                "domains": {d: {k: v for k, v in evals[f"expert:{d}"]["domains"][d].items() if k != "expert_share"}
+                            for d in doms},
+                "items": [x for d in doms for x in evals[f"expert:{d}"]["items"] if x["domain"] == d]}
+        systems["seq-select:oracle"] = []
+        order = [k for k in systems if k != "seq-select:oracle"]
+        order.insert(order.index("seq-select:verifier") + 1, "seq-select:oracle")
+        self.systems = {k: systems.get(k, []) for k in order if k in evals}
+
+    def stage2(self) -> None:
+        """Stage 2 (CDPO) from the seed's stage-1 router, compared on the same items."""
+        a, w = self.args, self.work
+        if not a.cdpo or not ((w / "eval-fusion+cdpo.json").exists()
+                              or (not a.report_only and self.time_left("stage 2 (CDPO)"))):
+            return
+        if not (w / "fr-cdpo").exists():
+            if not (w / "prefs.jsonl").exists():
+                self.step(self.g + ["route", "make-prefs", "--router", w / "fr", "--data", self.router_data, "-o",
+                                    w / "prefs.jsonl", "--limit", str(a.prefs_limit), "--max-new-tokens",
+                                    str(a.max_new_tokens), "--batch-size", "16"])
+            self.step(self.g + ["route", "train", w / "fr-cdpo", "--stage", "cdpo", "--init", w / "fr", "--data",
+                                w / "prefs.jsonl", "--lr", "1e-5", "--batch-size", "4"])
+        self.systems["fusion+cdpo"] = ["--router", w / "fr-cdpo", "--mode", "fusion"]
+        self.evals["fusion+cdpo"] = self.evaluate("fusion+cdpo", self.systems["fusion+cdpo"])
+
+    def extra_seed_runs(self) -> None:
+        """Extra seeds for the router and sft-union (same data, experts and items)."""
+        a, w = self.args, self.work
+        self.seed_evals = {k: ({a.seed: self.evals[k]} if k in self.evals else {}) for k in SEED_SYSTEMS}
+        self.done_seeds = []
+        for s in self.extra_seeds:
+            sx = self.sfx(s)
+            if not all((w / f"eval-{n}{sx}.json").exists() for n in SEED_SYSTEMS) \
+                    and (a.report_only or not self.time_left(f"seed {s}")):
+                continue
+            self.done_seeds.append(s)
+            self.train_router_union(s)
+            gs = ["--seed", str(s)]
+            fr_s = w / f"fr{sx}"
+            self.seed_evals["fusion"][s] = self.evaluate(f"fusion{sx}", ["--router", fr_s, "--mode", "fusion"], gs=gs)
+            self.seed_evals["route-only"][s] = self.evaluate(f"route-only{sx}", ["--router", fr_s, "--mode", "route-only"],
+                                                             gs=gs)
+            self.seed_evals["sft-union"][s] = self.evaluate(f"sft-union{sx}", ["--model", w / f"union{sx}"], gs=gs)
+
+    def routing(self) -> None:
+        """Routing quality on held-out gold sequences (in-process): single-domain test rows, and the joint rows."""
+        from llmtool.core.job import apply_threads
+        from llmtool.route.analysis import routing_quality
+        from llmtool.route.router import load_router
+        from llmtool.route.vocab import VocabView
+
+        doms = self.doms
+        apply_threads(self.args.threads)
+        router, tok, models, meta = load_router(self.work / "fr")
+        vv = VocabView(meta.vocab_size_used, meta.n_tokens)
+        self.rq = routing_quality(router, models, vv, tok, self.test_rows, {d: i for i, d in enumerate(doms)},
+                                  template=self.args.template)
+        self.rq_joint = None
+        if self.joint_rows:
+            # on joint there is no "matching" expert: the rate below is the share of informative positions routed
+            # to expert 0 (doms[0])
+            q = routing_quality(router, models, vv, tok, self.joint_rows, {"joint": 0}, template=self.args.template)
+            self.rq_joint = {"informative_fraction": q["informative_fraction"],
+                             "informative_positions": q["informative_positions"], "positions": q["positions"],
+                             f"share_routed_to_{doms[0]}": q["matching_expert_rate"]}
+
+    # ------------------------------------------------------------------ results
+    def seed_summary(self) -> dict:
+        """Per-seed accuracy, mean and sd over seeds, paired gaps per seed and pooled over seeds."""
+        doms, cols, joint = self.doms, self.cols, bool(self.joint_rows)
+        seeds_all = [self.args.seed] + self.done_seeds
+        per_seed = {k: {str(s): {d: v[s]["domains"][d]["accuracy"] for d in cols} for s in seeds_all if s in v}
+                    for k, v in self.seed_evals.items()}
+        out: dict = {"seeds": seeds_all, "per_seed": per_seed, "mean": {}, "sd": {}, "per_seed_gaps": {}}
+        for k, v in per_seed.items():
+            if not v:
+                continue
+            ms = [sum(a[d] for d in doms) / len(doms) for a in v.values()]
+            out["mean"][k] = round(sum(ms) / len(ms), 4)
+            out["sd"][k] = round(math.sqrt(sum((m - sum(ms) / len(ms)) ** 2 for m in ms) / max(1, len(ms) - 1)), 4)
+            if joint:
+                js = [a["joint"] for a in v.values()]
+                out["mean"][k + " (joint)"] = round(sum(js) / len(js), 4)
+        se = self.seed_evals
+        for other in ("route-only", "sft-union"):
+            key = f"fusion_minus_{other.replace('-', '_')}"
+            if not se["fusion"] or not se[other]:
+                continue
+            out["per_seed_gaps"][key] = {str(s): mean_gap_ci(items_of(se["fusion"][s], doms), items_of(se[other][s], doms))
+                                         for s in seeds_all if s in se["fusion"] and s in se[other]}
+            out[key] = pooled_gap_ci([items_of(e, doms) for e in se["fusion"].values()],
+                                     [items_of(e, doms) for e in se[other].values()])
+            if joint:
+                out[key + "_joint"] = pooled_gap_ci([items_of(e, ["joint"]) for e in se["fusion"].values()],
+                                                    [items_of(e, ["joint"]) for e in se[other].values()])
+        return out
+
+    def cdpo_summary(self, cdpo_gap: dict | None) -> dict | None:
+        if cdpo_gap is None:
+            return None
+        w, doms, evals = self.work, self.doms, self.evals
+        prefs = [json.loads(x) for x in (w / "prefs.jsonl").read_text().splitlines()]
+        rep_file = w / "fr-cdpo" / "report.json"
+        rep = json.loads(rep_file.read_text()) if rep_file.is_file() else {}
+        return {"pairs": len(prefs), "pairs_by_domain": {d: sum(p["domain"] == d for p in prefs) for d in doms},
+                "chosen_from_gold": sum(p["chosen_source"] == "gold" for p in prefs),
+                "paired_gap_vs_stage1": cdpo_gap,
+                "paired_gap_vs_stage1_joint": (mean_gap_ci(items_of(evals["fusion+cdpo"], ["joint"]),
+                                                           items_of(evals["fusion"], ["joint"]))
+                                               if self.joint_rows else None),
+                "train_report": {k: v for k, v in rep.items() if not isinstance(v, (list, dict))}}
+
+    def results(self) -> dict:
+        """Accuracy tables, gates, gaps, seeds, stage 2 and cost as the results JSON."""
+        from llmtool.route.tasks import correct
+
+        a, doms, cols, evals, joint_rows = self.args, self.doms, self.cols, self.evals, self.joint_rows
+        acc = {n: {d: e["domains"][d]["accuracy"] for d in cols if d in e["domains"]} for n, e in evals.items()}
+        ci = {n: {d: e["domains"][d]["ci95"] for d in cols if d in e["domains"]} for n, e in evals.items()}
+        mean = {n: sum(v[d] for d in doms) / len(doms) for n, v in acc.items()}
+        expert_names = [f"expert:{d}" for d in doms]
+        try:
+            gates = route_gates(acc, mean, self.rq, doms)
+        except KeyError as e:
+            gates = [gate("the issue's route gates", False, precondition=False,
+                          reason=f"system {e} was not evaluated in the time available")]
+        # the generation baselines' gate covers every scorer / value now
+        sel_names = ["seq-select", "seq-select:verifier", "token-select", "token-select:confidence"]
+        gates = [x for x in gates if not x["gate"].startswith("FusionRoute mean >= token-select")]
+        gates.append(gate("FusionRoute mean >= every seq-select (judge, verifier) and token-select (implicit, confidence) mean",
+                          lambda: all(mean["fusion"] >= mean[k] for k in sel_names),
+                          {k: round(mean[k], 4) for k in ["fusion"] + sel_names if k in mean},
+                          precondition=all(k in mean for k in ["fusion"] + sel_names),
+                          reason="not every system was evaluated in the time available"))
+        both = "fusion" in evals and "route-only" in evals
+        gap = (mean_gap_ci(items_of(evals["fusion"], doms), items_of(evals["route-only"], doms)) if both
+               else {"mean_gap_points": None, "ci95_points": [None, None], "n": 0})
+        gap_joint = (mean_gap_ci(items_of(evals["fusion"], ["joint"]), items_of(evals["route-only"], ["joint"]))
+                     if joint_rows and both else None)
+        # joint: the oracle of sequence selection ("either expert's answer is correct"), from the judge run's candidates
+        seq_any_joint = None
         if joint_rows:
-            js = [a["joint"] for a in v.values()]
-            seed_summary["mean"][k + " (joint)"] = round(sum(js) / len(js), 4)
-    for other in ("route-only", "sft-union"):
-        key = f"fusion_minus_{other.replace('-', '_')}"
-        if not seed_evals["fusion"] or not seed_evals[other]:
-            continue
-        seed_summary["per_seed_gaps"][key] = {str(s): mean_gap_ci(items_of(seed_evals["fusion"][s], doms),
-                                                                  items_of(seed_evals[other][s], doms))
-                                              for s in seeds_all if s in seed_evals["fusion"] and s in seed_evals[other]}
-        seed_summary[key] = pooled_gap_ci([items_of(e, doms) for e in seed_evals["fusion"].values()],
-                                          [items_of(e, doms) for e in seed_evals[other].values()])
-        if joint_rows:
-            seed_summary[key + "_joint"] = pooled_gap_ci([items_of(e, ["joint"]) for e in seed_evals["fusion"].values()],
-                                                         [items_of(e, ["joint"]) for e in seed_evals[other].values()])
-    cdpo_gap = (mean_gap_ci(items_of(evals["fusion+cdpo"], doms), items_of(evals["fusion"], doms))
-                if "fusion+cdpo" in evals else None)
-    cdpo_info = None
-    if cdpo_gap is not None:
-        prefs = [json.loads(x) for x in (work / "prefs.jsonl").read_text().splitlines()]
-        cdpo_rep = json.loads((work / "fr-cdpo" / "report.json").read_text()) if (work / "fr-cdpo" / "report.json").is_file() else {}
-        cdpo_info = {"pairs": len(prefs), "pairs_by_domain": {d: sum(p["domain"] == d for p in prefs) for d in doms},
-                     "chosen_from_gold": sum(p["chosen_source"] == "gold" for p in prefs),
-                     "paired_gap_vs_stage1": cdpo_gap,
-                     "paired_gap_vs_stage1_joint": (mean_gap_ci(items_of(evals["fusion+cdpo"], ["joint"]),
-                                                                items_of(evals["fusion"], ["joint"]))
-                                                    if joint_rows else None),
-                     "train_report": {k: v for k, v in cdpo_rep.items() if not isinstance(v, (list, dict))}}
-    gates += extra_gates(acc, mean, seed_summary if len(seeds_all) > 1 else {}, doms, bool(joint_rows), cdpo_gap)
+            gens = (self.work / "seq" / "generations.jsonl").read_text().splitlines()
+            cands = {r["id"]: r.get("candidates") for r in map(json.loads, gens)}
+            ok = [any(correct(r, c) for c in (cands.get(r["id"]) or [])) for r in joint_rows]
+            seq_any_joint = {"correct": sum(ok), "n": len(ok), "accuracy": round(sum(ok) / len(ok), 4)}
+        seeds = self.seed_summary()
+        cdpo_gap = (mean_gap_ci(items_of(evals["fusion+cdpo"], doms), items_of(evals["fusion"], doms))
+                    if "fusion+cdpo" in evals else None)
+        gates += extra_gates(acc, mean, seeds if len(seeds["seeds"]) > 1 else {}, doms, bool(joint_rows), cdpo_gap)
+        tps = {n: evals[n].get("tokens_per_s") for n in evals}
+        e0 = expert_names[0]
+        cost = {"fusion_tokens_per_s": tps.get("fusion"), "single_expert_tokens_per_s": tps.get(e0),
+                "ratio_fusion_over_expert": (round(tps["fusion"] / tps[e0], 3) if tps.get("fusion") and tps.get(e0)
+                                             else None),
+                "peak_rss_mib": self.mem,
+                "scaling": "memory = router + n experts resident (n+1 models); compute per token = router + the selected "
+                           "expert (plus catch-up prefill when the route switches); experts could sit behind "
+                           "OpenAI-compatible endpoints only if those return full next-token log-probs over the vocabulary"}
+        share_names = ["fusion", "route-only", "token-select", "token-select:confidence", "seq-select",
+                       "seq-select:verifier"] + (["fusion+cdpo"] if "fusion+cdpo" in evals else [])
+        return {"config": {**vars(a), "work": "$W"}, "work": "(temp dir)", "sizes": {
+                    "train_per_domain": a.train, "test_per_domain": a.test, "joint": len(joint_rows),
+                    "joint_dropped_overlap_with_math_train": self.joint_dropped,
+                    "val": sum(1 for _ in self.val.read_text().splitlines()) if a.val else 0,
+                    "expert_rows": {d: sum(r["domain"] == d for r in self.rows) for d in doms},
+                    "router_rows": self.n_router, "router_steps": self.router_steps, "union_steps": a.union_max_steps},
+                "accuracy": acc, "ci95": ci, "mean_accuracy": mean, "mean_over": doms,
+                "best_expert": max(expert_names, key=lambda n: mean[n]), "fusion_minus_route_only": gap,
+                "fusion_minus_route_only_joint": gap_joint, "routing_quality": self.rq,
+                "routing_quality_joint": self.rq_joint,
+                "expert_share": {n: {d: evals[n]["domains"][d].get("expert_share") for d in cols
+                                     if d in evals[n]["domains"]} for n in share_names if n in evals},
+                "merge_sweep_val": self.sweep, "merge_best_lambda": self.best_lam,
+                "seq_select_any_correct_joint": seq_any_joint, "seeds": seeds, "cdpo": self.cdpo_summary(cdpo_gap),
+                "skipped_for_time": self.skipped, "cost": cost, "gates": gates, "steps": self.log,
+                "seconds_total": round(time.time() - self.t_start, 1)}
 
-    tps = {n: evals[n].get("tokens_per_s") for n in evals}
-    cost = {"fusion_tokens_per_s": tps.get("fusion"), "single_expert_tokens_per_s": tps.get(expert_names[0]),
-            "ratio_fusion_over_expert": (round(tps["fusion"] / tps[expert_names[0]], 3)
-                                         if tps.get("fusion") and tps.get(expert_names[0]) else None),
-            "peak_rss_mib": mem,
-            "scaling": "memory = router + n experts resident (n+1 models); compute per token = router + the selected "
-                       "expert (plus catch-up prefill when the route switches); experts could sit behind "
-                       "OpenAI-compatible endpoints only if those return full next-token log-probs over the vocabulary"}
-    share_names = ["fusion", "route-only", "token-select", "token-select:confidence", "seq-select",
-                   "seq-select:verifier"] + (["fusion+cdpo"] if "fusion+cdpo" in evals else [])
-    result = {"config": {**vars(args), "work": "$W"}, "work": "(temp dir)", "sizes": {
-                  "train_per_domain": args.train, "test_per_domain": args.test, "joint": len(joint_rows),
-                  "joint_dropped_overlap_with_math_train": joint_dropped,
-                  "val": sum(1 for _ in val.read_text().splitlines()) if args.val else 0,
-                  "expert_rows": {d: sum(r["domain"] == d for r in rows) for d in doms},
-                  "router_rows": n_router, "router_steps": router_steps, "union_steps": union_steps},
-              "accuracy": acc, "ci95": ci, "mean_accuracy": mean, "mean_over": doms,
-              "best_expert": best_expert, "fusion_minus_route_only": gap, "fusion_minus_route_only_joint": gap_joint,
-              "routing_quality": rq, "routing_quality_joint": rq_joint,
-              "expert_share": {n: {d: evals[n]["domains"][d].get("expert_share") for d in cols if d in evals[n]["domains"]}
-                               for n in share_names if n in evals},
-              "merge_sweep_val": sweep, "merge_best_lambda": best_lam, "seq_select_any_correct_joint": seq_any_joint,
-              "seeds": seed_summary, "cdpo": cdpo_info, "skipped_for_time": skipped,
-              "cost": cost, "gates": gates, "steps": log, "seconds_total": round(time.time() - t_start, 1)}
-    RESULTS.mkdir(exist_ok=True)
-    (RESULTS / f"{args.tag}.json").write_text(json.dumps(result, indent=2, default=str))
 
+def report_markdown(res: dict, systems: list[str], evals: dict, note: str = "") -> list[str]:
+    """The results JSON as the markdown report: accuracy table, gaps, routing, merge sweep, seeds, stage 2, cost,
+    gates and the commands."""
     from llmtool.core.console import markdown_table
 
+    cfg, sz, doms = res["config"], res["sizes"], res["mean_over"]
+    acc, ci, mean, seeds = res["accuracy"], res["ci95"], res["mean_accuracy"], res["seeds"]
+    joint = sz["joint"] > 0
+    cols = doms + (["joint"] if joint else [])
+    best_lam, sweep = res["merge_best_lambda"], res["merge_sweep_val"]
     labels = {"merge-ta": f"merge-ta (λ={fmt_lam(best_lam['merge-ta'])}, best on val)",
-              "merge-dare": f"merge-dare (λ={fmt_lam(best_lam['merge-dare'])}, best on val)",
-              "seq-select": "seq-select (judge)", "token-select": "token-select (implicit)",
-              "fusion+cdpo": "fusion + stage 2 (CDPO)"}
+              "merge-dare": f"merge-dare (λ={fmt_lam(best_lam['merge-dare'])}, best on val)", **GEN_LABELS}
     table = []
     for n in systems:
         row = {"system": labels.get(n, n)}
@@ -582,79 +642,114 @@ def main() -> None:
             else:
                 row[d] = "-"
         row[f"mean ({'+'.join(doms)})"] = f"{100 * mean[n]:.1f}"
-        sh = evals[n]["domains"].get("joint", {}).get("expert_share") if joint_rows else None
-        if joint_rows:
+        if joint:
+            sh = evals[n]["domains"].get("joint", {}).get("expert_share")
             row["joint expert share"] = (", ".join(f"{k} {v:.2f}" for k, v in sh.items()) if sh else "-")
-        row["tok/s"] = tps.get(n) if tps.get(n) is not None else "-"
+        tps = evals[n].get("tokens_per_s")
+        row["tok/s"] = tps if tps is not None else "-"
         table.append(row)
+    lams = [float(x) for x in cfg["lams"].split(",") if x.strip()]
     sweep_rows = [{"lambda": fmt_lam(x), **{m: (f"{100 * sweep[m][fmt_lam(x)]:.1f}" if fmt_lam(x) in sweep[m] else "-")
-                                              for m in sweep}} for x in lams] if args.val else []
-    seed_rows = []
-    for k, v in per_seed.items():
-        for s, a in v.items():
-            seed_rows.append({"system": k, "seed": s, **{d: f"{100 * a[d]:.1f}" for d in cols},
-                              "mean": f"{100 * sum(a[d] for d in doms) / len(doms):.1f}"})
-    sz = result["sizes"]
-    md = [f"# route benchmark ({args.model}, domains {', '.join(doms)}, {args.train} train / {args.test} test per domain"
-          f" + {sz['joint']} joint, template {args.template}, greedy, data/expert seed {args.seed})", "",
-          f"Experts: {json.dumps(sz['expert_rows'])} training rows (batch {args.batch_size}); "
-          f"router: {n_router} rows, {router_steps} steps; sft-union: the router's rows, "
-          f"{union_steps if union_steps > 0 else router_steps} steps; merge λ picked on {sz['val']} validation rows (another data seed, no train/test prompt); joint: "
-          f"{sz['joint']} rows ({joint_dropped} dropped whose arithmetic is a math training question).", "",
-          ] + ([args.note, ""] if args.note else []) + ([f"Not run for time: {', '.join(skipped)}.", ""] if skipped else []) + [
+                                              for m in sweep}} for x in lams] if cfg["val"] else []
+    seed_rows = [{"system": k, "seed": s, **{d: f"{100 * a[d]:.1f}" for d in cols},
+                  "mean": f"{100 * sum(a[d] for d in doms) / len(doms):.1f}"}
+                 for k, v in seeds["per_seed"].items() for s, a in v.items()]
+    gap, gap_joint, rq, rq_joint = (res["fusion_minus_route_only"], res["fusion_minus_route_only_joint"],
+                                    res["routing_quality"], res["routing_quality_joint"])
+    union_steps = sz["union_steps"]
+    md = [f"# route benchmark ({cfg['model']}, domains {', '.join(doms)}, {cfg['train']} train / {cfg['test']} test per "
+          f"domain + {sz['joint']} joint, template {cfg['template']}, greedy, data/expert seed {cfg['seed']})", "",
+          f"Experts: {json.dumps(sz['expert_rows'])} training rows (batch {cfg['batch_size']}); "
+          f"router: {sz['router_rows']} rows, {sz['router_steps']} steps; sft-union: the router's rows, "
+          f"{union_steps if union_steps > 0 else sz['router_steps']} steps; merge λ picked on {sz['val']} validation "
+          f"rows (another data seed, no train/test prompt); joint: {sz['joint']} rows "
+          f"({sz['joint_dropped_overlap_with_math_train']} dropped whose arithmetic is a math training question).", "",
+          ] + ([note, ""] if note else []) + (
+          [f"Not run for time: {', '.join(res['skipped_for_time'])}.", ""] if res["skipped_for_time"] else []) + [
           "Accuracy % per domain with Wilson 95 % interval (mean over the trained domains; joint is report-only):", "",
           markdown_table(table), "",
           f"FusionRoute − route-only (paired, points, {'+'.join(doms)}): {fmt_gap(gap)} over {gap['n']} items"
           + (f"; on joint: {fmt_gap(gap_joint)} over {gap_joint['n']} items." if gap_joint else "."), ""]
-    if seq_any_joint:
-        md += [f"Sequence selection's ceiling on joint (either expert's answer correct): {seq_any_joint['correct']}/"
-               f"{seq_any_joint['n']}.", ""]
+    sa = res["seq_select_any_correct_joint"]
+    if sa:
+        md += [f"Sequence selection's ceiling on joint (either expert's answer correct): {sa['correct']}/{sa['n']}.", ""]
     md += [f"Routing quality (held-out gold sequences, {'+'.join(doms)}): matching expert on {rq['matching_expert_rate']} "
            f"of informative positions; informative fraction {rq['informative_fraction']:.3f}."
            + (f" On joint gold answers: informative fraction {rq_joint['informative_fraction']:.3f}, share of informative "
               f"positions routed to {doms[0]} {rq_joint[f'share_routed_to_{doms[0]}']}." if rq_joint else ""), ""]
     if sweep_rows:
         md += ["Merge λ sweep (validation mean accuracy %, " + "+".join(doms) + "):", "", markdown_table(sweep_rows), ""]
-    if len(seeds_all) > 1:
-        md += [f"Seeds (router and sft-union seeds {', '.join(map(str, seeds_all))}; data, experts and items fixed):", "",
-               markdown_table(seed_rows), ""]
-        for key in [k for k in ("fusion_minus_route_only", "fusion_minus_sft_union") if k in seed_summary]:
-            gk = seed_summary[key]
+    if len(seeds["seeds"]) > 1:
+        md += [f"Seeds (router and sft-union seeds {', '.join(map(str, seeds['seeds']))}; data, experts and items "
+               "fixed):", "", markdown_table(seed_rows), ""]
+        for key in [k for k in ("fusion_minus_route_only", "fusion_minus_sft_union") if k in seeds]:
             md.append(f"- {key.replace('_', ' ')} (paired over items, per-item correctness averaged over seeds): "
-                      f"{fmt_gap(gk)} points" + (f"; joint {fmt_gap(seed_summary[key + '_joint'])}" if joint_rows else "")
-                      + "; per seed: " + ", ".join(f"{s}: {fmt_gap(x)}"
-                                                   for s, x in seed_summary["per_seed_gaps"][key].items()))
+                      f"{fmt_gap(seeds[key])} points" + (f"; joint {fmt_gap(seeds[key + '_joint'])}" if joint else "")
+                      + "; per seed: " + ", ".join(f"{s}: {fmt_gap(x)}" for s, x in seeds["per_seed_gaps"][key].items()))
         md.append("")
-    if cdpo_info:
-        c = cdpo_info["paired_gap_vs_stage1"]
-        md += [f"Stage 2 (CDPO, {cdpo_info['pairs']} preference pairs {json.dumps(cdpo_info['pairs_by_domain'])}, "
-               f"{cdpo_info['chosen_from_gold']} with the gold answer as chosen) − stage 1 (paired, same items): "
-               f"{fmt_gap(c)} points"
-               + (f"; joint {fmt_gap(cdpo_info['paired_gap_vs_stage1_joint'])}" if joint_rows else "") + ".", ""]
+    c = res["cdpo"]
+    if c:
+        md += [f"Stage 2 (CDPO, {c['pairs']} preference pairs {json.dumps(c['pairs_by_domain'])}, "
+               f"{c['chosen_from_gold']} with the gold answer as chosen) − stage 1 (paired, same items): "
+               f"{fmt_gap(c['paired_gap_vs_stage1'])} points"
+               + (f"; joint {fmt_gap(c['paired_gap_vs_stage1_joint'])}" if joint else "") + ".", ""]
+    cost = res["cost"]
     md += [f"Cost: fusion {cost['fusion_tokens_per_s']} tok/s vs single expert {cost['single_expert_tokens_per_s']} tok/s "
-           f"(ratio {cost['ratio_fusion_over_expert']}); peak RSS MiB per eval process: {json.dumps(mem)}", "",
-           "Gates:", "", markdown_table(gate_rows(gates)), "", "Commands:", "", "```"] + [s["cmd"] for s in log] + ["```", ""]
-    (RESULTS / f"{args.tag}.md").write_text("\n".join(md))
+           f"(ratio {cost['ratio_fusion_over_expert']}); peak RSS MiB per eval process: {json.dumps(cost['peak_rss_mib'])}",
+           "", "Gates:", "", markdown_table(gate_rows(res["gates"])), "", "Commands:", "", "```"] \
+        + [s["cmd"] for s in res["steps"]] + ["```", ""]
+    return md
+
+
+def plot_accuracy(res: dict, systems: list[str], path: Path) -> None:
+    """Bar chart of accuracy per domain and system (optional: skipped with a message when matplotlib fails)."""
     try:
         import matplotlib
 
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
 
+        acc, doms, best_lam = res["accuracy"], res["mean_over"], res["merge_best_lambda"]
+        cols = doms + (["joint"] if res["sizes"]["joint"] else [])
+        labels = {"merge-ta": f"merge-ta (λ={fmt_lam(best_lam['merge-ta'])}, best on val)",
+                  "merge-dare": f"merge-dare (λ={fmt_lam(best_lam['merge-dare'])}, best on val)", **GEN_LABELS}
         fig, ax = plt.subplots(figsize=(12, 4))
-        names = list(systems)
         width = 0.8 / len(cols)
         for j, d in enumerate(cols):
-            ax.bar([i + j * width for i in range(len(names))], [100 * acc[n].get(d, 0) for n in names], width, label=d)
-        ax.set_xticks([i + width * (len(cols) - 1) / 2 for i in range(len(names))])
-        ax.set_xticklabels([labels.get(n, n) for n in names], rotation=35, ha="right", fontsize=7)
+            ax.bar([i + j * width for i in range(len(systems))], [100 * acc[n].get(d, 0) for n in systems], width,
+                   label=d)
+        ax.set_xticks([i + width * (len(cols) - 1) / 2 for i in range(len(systems))])
+        ax.set_xticklabels([labels.get(n, n) for n in systems], rotation=35, ha="right", fontsize=7)
         ax.set_ylabel("accuracy %")
         ax.legend()
         ax.set_title("llmtool route: accuracy per domain")
         fig.tight_layout()
-        fig.savefig(RESULTS / f"{args.tag}.png", dpi=110)
+        fig.savefig(path, dpi=110)
     except Exception as e:  # the plot is optional
         print(f"plot skipped: {e}", file=sys.stderr)
+
+
+def main() -> None:
+    args = build_parser().parse_args()
+    if args.regate:
+        regate(args.tag)
+        return
+    b = RouteBench(args)
+    b.prepare_data()
+    b.make_experts()
+    b.train_router_union(args.seed)
+    b.merge_sweep()
+    b.generation_baselines()
+    b.evaluate_systems()
+    b.stage2()
+    b.extra_seed_runs()
+    b.routing()
+    res = b.results()
+    RESULTS.mkdir(exist_ok=True)
+    (RESULTS / f"{args.tag}.json").write_text(json.dumps(res, indent=2, default=str))
+    md = report_markdown(res, list(b.systems), b.evals, args.note)
+    (RESULTS / f"{args.tag}.md").write_text("\n".join(md))
+    plot_accuracy(res, list(b.systems), RESULTS / f"{args.tag}.png")
     print("\n".join(md))
 
 
