@@ -19,6 +19,7 @@ import json
 import math
 import os
 import random
+import re
 import shlex
 import subprocess
 import sys
@@ -274,7 +275,12 @@ class RouteBench:
         self.T = ["--template", a.template]
         self.gen = ["--max-new-tokens", str(a.max_new_tokens), "--batch-size", "16"] + self.T
         self.tr = ["--epochs", a.epochs, "--batch-size", a.batch_size] + self.T
+        # peak memory per evaluation, also of the steps an earlier (resumed) run finished
         self.mem: dict = {}
+        for rec in self.log:
+            m = re.search(r" route eval .* -o \$W/eval-(\S+)\.json", rec["cmd"])
+            if m:
+                self.mem[m.group(1)] = rec["peak_rss_mib"]
         self.skipped: list = []
         self.evals: dict = {}
 
@@ -294,7 +300,7 @@ class RouteBench:
         if not out.exists():
             rec = self.step((gs or self.g) + ["route", "eval", "--data", data_file or self.evalset, "-o", out]
                             + sel + self.gen)
-            self.mem[name] = rec["peak_rss_mib"]
+            self.mem[out.stem[len("eval-"):]] = rec["peak_rss_mib"]
         return json.loads(out.read_text())
 
     def time_left(self, part: str) -> bool:
