@@ -517,6 +517,16 @@ def setpo_arms(arms) -> list[str]:
     return [x for x in arms if x == "setpo" or x.startswith("setpo@")]
 
 
+def same_as_grpo(arm: dict, grpo: dict) -> bool:
+    """Did the arm's runs come out equal to GRPO's at every common seed (test outcomes per problem and training
+    rewards per phase)? Then its shaping never changed an advantage (SetPO's bonus needs two distinct correct
+    rollouts in a group), and a comparison with GRPO is a tie by construction."""
+    g = {r["seed"]: r for r in grpo.get("per_seed", [])}
+    common = [r for r in arm.get("per_seed", []) if r["seed"] in g and "per_problem" in r]
+    return bool(common) and all(r["per_problem"] == g[r["seed"]].get("per_problem")
+                                and r.get("train_reward") == g[r["seed"]].get("train_reward") for r in common)
+
+
 def setpo_directions(d: dict) -> list[dict]:
     """The SetPO-vs-GRPO directions of spec §5 as gates, for every SetPO arm (``setpo``, ``setpo@L``): distinct
     correct answers >= GRPO's, pass@8 >= GRPO's - 2 points, pass@k at the largest k evaluated (when above 8)
@@ -534,6 +544,10 @@ def setpo_directions(d: dict) -> list[dict]:
 
         seeds = sorted({r["seed"] for r in arms[name].get("per_seed", [])}
                        & {r["seed"] for r in arms["grpo"].get("per_seed", [])})
+        same = same_as_grpo(arms[name], arms["grpo"])
+        why_same = (f"{name} equals GRPO run for run (same test outcomes and training rewards at every seed): its "
+                    "bonus changed no advantage (it needs two distinct correct, untruncated rollouts in one group), "
+                    "so the tie is not a result")
 
         def measured(key):
             m = {"diff": round(sp[key]["diff"], 4)}
@@ -544,19 +558,21 @@ def setpo_directions(d: dict) -> list[dict]:
             return m
 
         out.append(gate(f"{label} distinct correct - GRPO >= 0", sp["distinct_correct"]["diff"] >= 0,
-                        measured("distinct_correct")))
+                        measured("distinct_correct"), precondition=not same, reason=why_same))
         ks = sorted({int(k.split("@")[1]) for k in sp if k.startswith("pass@")})
         for k in dict.fromkeys(x for x in (8, ks[-1] if ks else None) if x in ks):
             key = f"pass@{k}"
             vals = [arms["grpo"][key], arms[name][key]]
             tol, what = (0.02, "-2 points") if k <= 8 else (0.0, "0")
+            sat = saturated(vals, tol=SATURATED_TOL)
             out.append(gate(f"{label} {key} - GRPO >= {what}", sp[key]["diff"] >= -tol,
                             {**measured(key), "grpo": round(vals[0], 4), "setpo": round(vals[1], 4)},
-                            precondition=not saturated(vals, tol=SATURATED_TOL),
-                            reason=f"{key} saturates ({vals[0]:.3f} GRPO, {vals[1]:.3f} SetPO): it cannot fall"))
+                            precondition=not sat and not same,
+                            reason=(f"{key} saturates ({vals[0]:.3f} GRPO, {vals[1]:.3f} SetPO): it cannot fall"
+                                    if sat else why_same)))
         if "pass@1" in sp:
             out.append(gate(f"{label} pass@1 within +-3 points of GRPO", abs(sp["pass@1"]["diff"]) <= 0.03,
-                            measured("pass@1")))
+                            measured("pass@1"), precondition=not same, reason=why_same))
     return out
 
 
@@ -753,6 +769,10 @@ def _diversity_job(job: dict) -> dict:
         out["div_coef"] = kw["div_coef"]
     out["eval_seconds"] = time.time() - t_eval
     out["clip_frac"] = sum(h.get("clip_frac", 0.0) for h in hist) / max(len(hist), 1)
+    # share of groups without reward variance (GRPO's advantage 0) and, for SetPO, of groups given a bonus, per phase
+    out["zero_std_groups"] = [h.get("zero_std_groups") for h in firsts]
+    if shaper_name == "setpo":
+        out["bonus_groups"] = [h.get("div_groups_with_bonus") for h in firsts]
     return out
 
 
@@ -777,7 +797,8 @@ def run_diversity(a) -> dict:
     # seed by seed (every arm at seed 0 first), so a run cut short leaves whole seeds
     jobs = [{"arm": "base", "seed": 0}] + [{"arm": x, "seed": s} for s in range(a.seeds) for x in wanted]
     todo = [dict(j, a=vars(a), start=start) for j in jobs if (j["arm"], j["seed"]) not in done]
-    print(f"[diversity] {len(jobs)} runs: {len(jobs) - len(todo)} reused, {len(todo)} to train", flush=True)
+    print(f"[diversity] {len(jobs)} runs: {len(jobs) - len(todo)} reused, {len(todo)} "
+          + ("missing (--no-train: not trained)" if a.no_train else "to train"), flush=True)
 
     def keep(r):
         done[(r["arm"], r["seed"])] = r
@@ -904,7 +925,9 @@ def plot_diversity(d: dict, tag: str = "train_grpo") -> str | None:
     entries = [("base", d["base"]), *d["arms"].items()]
     fig, (ax, bx) = plt.subplots(1, 2, figsize=(10, 3.8), gridspec_kw={"width_ratios": [3, 2]})
     for name, entry in entries:
-        ax.plot(ks, [100 * entry[f"pass@{k}"] for k in ks], marker="o", label=name)
+        same = name not in ("base", "grpo") and "grpo" in d["arms"] and same_as_grpo(entry, d["arms"]["grpo"])
+        ax.plot(ks, [100 * entry[f"pass@{k}"] for k in ks], marker="o", label=name + (" (= grpo)" if same else ""),
+                ls="--" if same else "-")
     ax.set_xscale("log", base=2)
     ax.set_xticks(ks, [str(k) for k in ks])
     ax.set_xlabel("k")
@@ -1114,6 +1137,10 @@ def markdown(res: dict) -> str:
                          ("diversity drops under GRPO (interval below 0), the paper's premise." if drop else
                           "no significant diversity drop under GRPO in this run, so the paper's SetPO-vs-GRPO "
                           "contrast cannot be tested at this size."))
+            same = [n for n, v in d["arms"].items() if n != "grpo" and same_as_grpo(v, d["arms"]["grpo"])]
+            if same:
+                lines.append(f"- equal to GRPO run for run (same test outcomes per problem and training rewards per "
+                             f"phase at every seed; the arm's change never altered an advantage): {', '.join(same)}.")
             dirs = setpo_directions(d)
             if dirs:
                 lines.append("- SetPO vs GRPO directions (spec §5):")

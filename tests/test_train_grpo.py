@@ -678,3 +678,17 @@ def test_setpo_lambda_arms_get_gates_and_largest_k_direction_can_fail():
     assert v["SetPO λ=0.3 distinct correct - GRPO >= 0"]["measured"]["ci95"] == [0.1, 0.3]
     assert v["SetPO λ=1.0 distinct correct - GRPO >= 0"]["verdict"] == "not met"
     assert v["SetPO λ=0.3 pass@8 - GRPO >= -2 points"]["verdict"] == "met"
+
+
+def test_setpo_gates_not_tested_when_the_bonus_never_fired():
+    b = _div_bench()
+    run = {"seed": 0, "per_problem": [[3, 1], [0, 0]], "train_reward": [0.0, 0.1]}
+    arm = {"pass@1": 0.5, "pass@32": 0.9, "per_seed": [dict(run)]}
+    d = {"arms": {"grpo": dict(arm), "setpo@1.0": dict(arm)},
+         "paired": {"setpo@1.0-grpo": {"pass@1": {"diff": 0.0}, "pass@32": {"diff": 0.0},
+                                       "distinct_correct": {"diff": 0.0}}}}
+    v = {g["gate"]: g["verdict"] for g in b.setpo_directions(d)}
+    assert set(v.values()) == {"not tested"} and "SetPO λ=1.0 pass@32 - GRPO >= 0" in v
+    d["arms"]["setpo@1.0"] = {**arm, "per_seed": [{**run, "per_problem": [[3, 2], [0, 0]]}]}
+    v = {g["gate"]: g["verdict"] for g in b.setpo_directions(d)}
+    assert v["SetPO λ=1.0 pass@32 - GRPO >= 0"] == "met"
