@@ -98,3 +98,15 @@ def test_random_gain_gates_verdicts_and_preconditions():
     assert [x["verdict"] for x in g] == ["met", "not tested"]
     g = grpo.random_gain_gates(_spurious([1] * 95 + [0] * 5, [better]))    # base at the ceiling
     assert g[0]["verdict"] == "not tested"
+
+
+def test_cli_rl_data_passes_hard_frac_to_mul(tmp_path):
+    import json
+
+    from conftest import run_cli
+
+    out = tmp_path / "m.jsonl"
+    code, _, err = run_cli("train", "rl-data", "--task", "mul", "--n", "12", "--hard-frac", "1.0", "-o", out)
+    assert code == 0, err
+    rows = [json.loads(x) for x in out.read_text().splitlines()]
+    assert len(rows) == 12 and {r["level"] for r in rows} == {"2x2"}

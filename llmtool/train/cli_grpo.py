@@ -17,7 +17,7 @@ from llmtool.train.diversity import SHAPERS
 app = typer.Typer()
 
 DataOpt = Annotated[str, typer.Option("--data", help="Training rows: a JSONL file ({prompt, answer, ...}) or "
-                                      "gen:<task>:<n>[:<seed>] with task arith, sum-two or rg:<name>.")]
+                                      "gen:<task>:<n>[:<seed>] with task arith, mul, sum-two or rg:<name>.")]
 
 
 def _reward_help() -> str:
@@ -380,9 +380,9 @@ def eval_passk(
 
 @app.command("rl-data")
 def rl_data_cmd(
-    task: Annotated[str, typer.Option("--task", help="arith, sum-two or rg:<reasoning-gym name>.")] = "arith",
+    task: Annotated[str, typer.Option("--task", help="arith, mul, sum-two or rg:<reasoning-gym name>.")] = "arith",
     n: Annotated[int, typer.Option("--n", help="Number of rows.", min=1)] = 200,
-    hard_frac: Annotated[float, typer.Option("--hard-frac", help="arith: share of 2-digit additions.",
+    hard_frac: Annotated[float, typer.Option("--hard-frac", help="arith: share of 2-digit additions; mul: of 2x2-digit products.",
                                              min=0.0, max=1.0)] = 0.4,
     out: Annotated[Path, typer.Option("-o", "--out", help="Output JSONL file.")] = ...,  # type: ignore[assignment]
     overwrite: Overwrite = False,
@@ -394,7 +394,7 @@ def rl_data_cmd(
 
     if out.exists() and not overwrite:
         raise UsageError(f"{out}: already exists (pass --overwrite to replace it)")
-    rows = rl_data.make_task(task, n, OPTIONS.seed, hard_frac) if task == "arith" else rl_data.make_task(task, n, OPTIONS.seed)
+    rows = rl_data.make_task(task, n, OPTIONS.seed, hard_frac)  # hard_frac is read by arith and mul only
     with atomic_file(out, overwrite=True) as tmp:
         rl_data.write_rows(rows, Path(tmp))
     emit({"out": str(out), "rows": len(rows), "task": task})
