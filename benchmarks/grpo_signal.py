@@ -41,13 +41,14 @@ def group_signal(per_problem: list[dict]) -> dict:
             "all_right": sum(p["correct"] == p["n"] for p in per_problem)}
 
 
-def measure(model_name: str, task: str, a) -> dict:
+def measure(model_name: str, task: str, a, loaded: tuple | None = None) -> dict:
+    """One (model, task) row; ``loaded`` = (tokenizer, model) already in memory, else they are loaded."""
     from llmtool.core.intervals import wilson
     from llmtool.core.lm import chat_prompt, generate
     from llmtool.core.models import load_model, load_tokenizer
     from llmtool.train import passk, rl_data
 
-    tok, model = load_tokenizer(model_name), load_model(model_name)
+    tok, model = loaded or (load_tokenizer(model_name), load_model(model_name))
     rows = rl_data.make_task(task, a.rows, seed=a.seed)
     max_new = a.max_new_tokens or MAX_NEW.get(task, 48)
     t = time.time()
@@ -100,10 +101,13 @@ def main() -> None:
     import torch
 
     torch.set_num_threads(a.threads)
+    from llmtool.core.models import load_model, load_tokenizer
+
     rows = []
     for m in [x for x in a.models.split(",") if x]:
+        loaded = (load_tokenizer(m), load_model(m))  # once per model, for all its tasks
         for task in [x for x in a.tasks.split(",") if x]:
-            rows.append(measure(m, task, a))
+            rows.append(measure(m, task, a, loaded))
             print(json.dumps({k: v for k, v in rows[-1].items() if k != "samples"}), flush=True)
     gates = {f"{r['model']}/{r['task']}": gate(
         f"{r['model']} gives GRPO signal on {r['task']} (>= 10 % of prompts with reward variance)",

@@ -224,15 +224,14 @@ def train_last_layers(model, k: int) -> int:
     head in Qwen2.5-0.5B, stay frozen): what fits AdamW's fp32 states for a 0.5B model in a few GB of CPU
     memory. ``k`` = 0 trains everything. Returns the number of trainable parameters."""
     if k:
-        inner = model.get_decoder() if hasattr(model, "get_decoder") else model.model
-        blocks = inner.layers
+        from llmtool.core import arch
+
+        blocks = arch.decoder_layers(model)
         if not 0 < k <= len(blocks):
             raise SystemExit(f"--train-layers {k}: the model has {len(blocks)} blocks")
-        for prm in model.parameters():
-            prm.requires_grad_(False)
-        for mod in list(blocks[-k:]) + [inner.norm]:
-            for prm in mod.parameters():
-                prm.requires_grad_(True)
+        model.requires_grad_(False)
+        for mod in (*blocks[-k:], arch.final_norm(model)):
+            mod.requires_grad_(True)
     return sum(prm.numel() for prm in model.parameters() if prm.requires_grad)
 
 
@@ -758,8 +757,8 @@ def _diversity_job(job: dict) -> dict:
         return {"arm": "base", "seed": 0, **ev(model), "seconds": 0.0}
     shaper_name, kw, extra = div_arm(name, a.div_coef)
     shaper = SHAPERS.build(shaper_name, **kw)
-    base = {k: v.clone() for k, v in model.state_dict().items()}
-    m, hist, secs = _train_once(base, model, tok, sum_two_rows(a, a.train_rows, seed=300), "ground-truth", seed,
+    # the model was just loaded, so it starts at the warm start's weights: no copy of them is kept
+    m, hist, secs = _train_once(None, model, tok, sum_two_rows(a, a.train_rows, seed=300), "ground-truth", seed,
                                 a, shaper=shaper, **extra)
     firsts = [h for h in hist if h.get("update_in_phase") == 0]
     t_eval = time.time()
