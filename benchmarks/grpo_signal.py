@@ -98,6 +98,9 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--out", default="benchmarks/results/grpo_signal")
     a = ap.parse_args()
+    if a.rows < 1 or a.group_size < 2 or not a.temperature > 0 or a.max_new_tokens < 0 or a.threads < 1:
+        ap.error("need --rows >= 1, --group-size >= 2 (a group of one has no variance), --temperature > 0, "
+                 "--max-new-tokens >= 0 and --threads >= 1")
     import torch
 
     torch.set_num_threads(a.threads)

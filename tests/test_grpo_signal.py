@@ -19,3 +19,15 @@ def test_measure_on_a_tiny_model_accounts_for_every_prompt(tiny_llama_dir):
     assert r["prompts"] == 4 and r["with_variance"] + r["all_wrong"] + r["all_right"] == 4
     assert 0.0 <= r["mean_reward_ci"][0] <= r["mean_reward"] <= r["mean_reward_ci"][1] <= 1.0
     assert len(r["samples"]) == 3 and r["max_new_tokens"] == 4
+
+
+def test_bad_sizes_are_refused_before_any_model_loads():
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    script = Path(__file__).resolve().parents[1] / "benchmarks" / "grpo_signal.py"
+    for bad in (["--group-size", "1"], ["--rows", "0"], ["--temperature", "0"]):
+        p = subprocess.run([sys.executable, str(script), "--models", "no-such-model", *bad], capture_output=True,
+                           text=True, timeout=120)
+        assert p.returncode == 2 and "need --rows" in p.stderr
