@@ -35,9 +35,14 @@ Every row carries a percentile-bootstrap 95 % interval of the mean similarity (`
 
 Stages run in priority order (``--order``) and results are written after every stage; with
 ``--stop-at HH:MM`` (UTC) a stage not started by then is skipped and listed in ``meta.skipped``.
+``--resume`` continues such a run: ``<out>_state.json`` (replaced atomically after every stage) holds the
+stages done, their records and the watermarked texts; those stages are not rerun, and since every stage seeds
+its own sampling the resumed records equal an uninterrupted run's. The attacks may grow on resumption; the
+protocol (model, n, negatives, length, seed, schemes, batch size, calibration settings) may not.
 
     python benchmarks/evade.py                      # the full default run (many CPU hours)
     python benchmarks/evade.py --n 16 --stop-at 05:43
+    python benchmarks/evade.py --n 16 --resume      # the stages the stopped run did not reach
 """
 from __future__ import annotations
 
@@ -45,6 +50,7 @@ import argparse
 import datetime as dt
 import json
 import random
+import os
 import statistics
 import sys
 import time
@@ -118,6 +124,10 @@ def main(argv=None) -> int:
     ap.add_argument("--per-text", action="store_true",
                     help="store per-text similarity, score, flag, perplexity and attempts in the JSON")
     ap.add_argument("--stop-at", default=None, help="UTC HH:MM; stages not started by then are skipped")
+    ap.add_argument("--resume", action="store_true",
+                    help="continue the run recorded in <out>_state.json (written after every stage): stages done there "
+                         "are not rerun, their watermarked texts and records are reused; refused when the protocol "
+                         "(model, n, n-neg, max-new-tokens, seed, schemes, batch size, calibration settings) differs")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--batch-size", type=int, default=16)
     ap.add_argument("--threads", type=int, default=2)
@@ -128,6 +138,13 @@ def main(argv=None) -> int:
     for a in args.attacks:
         try:
             fixed_beta0(a)
+        except ValueError as e:
+            print(f"error: {e}", file=sys.stderr)
+            return 2
+    resumed = None
+    if args.resume:
+        try:
+            resumed = load_state(args)
         except ValueError as e:
             print(f"error: {e}", file=sys.stderr)
             return 2
@@ -187,11 +204,24 @@ def main(argv=None) -> int:
     schemes = {name: make_scheme(name, vocab) for name in args.schemes}
     marked: dict[str, list[str]] = {}
     outputs: dict[tuple[str, str], list[str]] = {}
+    done: list[str] = []
+    if resumed is not None:  # every stage seeds itself, so what follows matches an uninterrupted run
+        for key in ("records", "stage_seconds", "calibration", "negatives", "fpr_fixed"):
+            state[key] = resumed[key]
+        marked.update(resumed["marked"])
+        done = list(resumed["done"])
+        state["resumed_stages"] = list(done)
+        print(f"resume: {len(done)} stages done ({', '.join(done)})", file=sys.stderr)
 
     def flush():
         write_results(args, argv, state, t_start)
+        write_state(args, {"protocol": protocol_of(args), "done": done, "marked": marked,
+                           **{k: state[k] for k in ("records", "stage_seconds", "calibration", "negatives",
+                                                    "fpr_fixed")}})
 
     def run_stage(label, fn):
+        if label in done:
+            return True
         if stop is not None and time.time() >= stop:
             state["skipped"].append(label)
             print(f"skip {label} (past --stop-at)", file=sys.stderr)
@@ -199,6 +229,7 @@ def main(argv=None) -> int:
         t0 = time.time()
         fn()
         state["stage_seconds"][label] = round(time.time() - t0, 1)
+        done.append(label)
         print(f"{label}: {time.time() - t0:.0f}s", file=sys.stderr)
         flush()
         return True
@@ -342,6 +373,48 @@ def main(argv=None) -> int:
     return 0
 
 
+_PROTOCOL = ("model", "n", "n_neg", "max_new_tokens", "seed", "schemes", "batch_size", "calib_texts",
+             "fresh_calibration")
+
+
+def protocol_of(args) -> dict:
+    """What must agree between a run and its resumption (the attacks may grow; the texts may not change)."""
+    return {k: getattr(args, k) for k in _PROTOCOL}
+
+
+def state_path(args) -> Path:
+    out = Path(args.out)
+    return out.with_name(out.name + "_state.json")
+
+
+def write_state(args, doc: dict) -> None:
+    """The resume record, replaced atomically after every stage (a run killed mid-write keeps the last one)."""
+    path = state_path(args)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(doc))
+    os.replace(tmp, path)
+
+
+def load_state(args) -> dict | None:
+    """The recorded state to resume from, None when there is none yet (the run starts from the beginning);
+    ValueError (one line) when it is unreadable or was made with another protocol."""
+    path = state_path(args)
+    if not path.is_file():
+        print(f"resume: no {path.name} yet, starting from the beginning", file=sys.stderr)
+        return None
+    try:
+        doc = json.loads(path.read_text())
+        recorded = doc["protocol"]
+    except (ValueError, KeyError, TypeError) as e:
+        raise ValueError(f"cannot resume from {path.name}: not a state file of this benchmark ({e})") from None
+    diff = [k for k in _PROTOCOL if recorded.get(k) != getattr(args, k)]
+    if diff:
+        raise ValueError(f"cannot resume from {path.name}: it was made with other " + ", ".join(
+            f"--{k.replace('_', '-')} ({recorded.get(k)!r}, now {getattr(args, k)!r})" for k in diff))
+    return doc
+
+
 def write_results(args, argv, state, t_start) -> None:
     from llmtool.core.console import markdown_table
 
@@ -361,6 +434,7 @@ def write_results(args, argv, state, t_start) -> None:
             "fpr_at_fixed_threshold": state["fpr_fixed"],
             "calibration": state["calibration"], "skipped": state["skipped"],
             "stage_seconds": state["stage_seconds"], "seconds_total": round(time.time() - t_start, 1),
+            "resumed_stages": state.get("resumed_stages", []),
             "torch_threads": args.threads, "batch_size": args.batch_size}
     out.with_suffix(".json").write_text(json.dumps({"meta": meta, "summary": recs,
                                                     "negative_scores": state["negatives"]}, indent=2))

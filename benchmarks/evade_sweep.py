@@ -55,7 +55,7 @@ def evade_argv(args) -> list[str]:
             "--calib-texts", str(args.calib_texts), "--order", "attack", "--fresh-calibration", "--per-text",
             "--seed", str(args.seed), "--batch-size", str(args.batch_size), "--threads", str(args.threads),
             "--out", str(Path(args.out).with_name(Path(args.out).name + "_runs"))]
-    return argv + (["--stop-at", args.stop_at] if args.stop_at else [])
+    return argv + (["--stop-at", args.stop_at] if args.stop_at else []) + (["--resume"] if args.resume else [])
 
 
 def curve_rows(records: list[dict], source: str = "sweep") -> list[dict]:
@@ -323,6 +323,8 @@ def main(argv=None) -> int:
     ap.add_argument("--batch-size", type=int, default=16)
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--stop-at", default=None, help="UTC HH:MM, passed to benchmarks/evade.py")
+    ap.add_argument("--resume", action="store_true",
+                    help="passed to benchmarks/evade.py: continue a stopped sweep from <out>_runs_state.json")
     ap.add_argument("--out", default=str(RESULTS / "evade_beta0"))
     ap.add_argument("--summarize-only", action="store_true", help="rebuild the outputs from <out>_runs.json")
     ap.add_argument("--no-fill", action="store_true",

@@ -153,3 +153,40 @@ def test_fill_from_main_only_where_the_texts_match(sweep):
     assert [(r["scheme"], r["beta0"], r["source"]) for r in rows] == [
         ("kgw", -1.0, "sweep"), ("kgw", -3.0, "main run"), ("kgw", -4.0, "main run")]
     assert rows[1]["similarity_ci"] is None and rows[0]["evasion"] == 0.7
+
+
+def test_resume_skips_done_stages_and_matches_an_uninterrupted_run(ev, tiny_llama_dir, tmp_path, monkeypatch):
+    """A run of two stages, then ``--resume`` with one more attack: the done stages are not rerun (their
+    watermarked texts come from the state file) and every record equals the one-go run's; another protocol is
+    refused with one line and exit code 2."""
+    import llmtool.evade.similarity as similarity
+
+    class StubEmbedder:
+        def similarity(self, a, b):
+            return [1.0 / (1 + abs(len(x) - len(y))) for x, y in zip(a, b)]
+
+    monkeypatch.setattr(similarity, "SentenceEmbedder", StubEmbedder)
+    base = ["--model", str(tiny_llama_dir), "--n", "3", "--n-neg", "8", "--max-new-tokens", "8", "--schemes", "kgw",
+            "--order", "attack", "--per-text", "--batch-size", "4", "--threads", "1"]
+    one_go, split = tmp_path / "one", tmp_path / "split"
+    assert ev.main(base + ["--attacks", "none", "bira@-1", "bira@-3", "--out", str(one_go)]) == 0
+    assert ev.main(base + ["--attacks", "none", "bira@-1", "--out", str(split)]) == 0
+    calls = []
+    import llmtool.evade.generation as generation
+    orig = generation.generate_ids
+
+    def counting(*a, **k):
+        calls.append(1)
+        return orig(*a, **k)
+
+    monkeypatch.setattr(generation, "generate_ids", counting)
+    assert ev.main(base + ["--attacks", "none", "bira@-1", "bira@-3", "--out", str(split), "--resume"]) == 0
+    assert calls == []                                        # no watermarked text was regenerated
+    a = json.loads(one_go.with_suffix(".json").read_text())
+    b = json.loads(split.with_suffix(".json").read_text())
+    assert b["meta"]["resumed_stages"] == ["kgw/negatives", "kgw/generate", "kgw/bira@-1"]
+    key = lambda r: (r["scheme"], r["attack"])  # noqa: E731
+    assert sorted(map(key, a["summary"])) == sorted(map(key, b["summary"])) and len(a["summary"]) == 3
+    for ra, rb in zip(sorted(a["summary"], key=key), sorted(b["summary"], key=key)):
+        assert ra["per_text"] == rb["per_text"] and ra["evasion_rate"] == rb["evasion_rate"]
+    assert ev.main(base[:3] + ["4"] + base[4:] + ["--attacks", "none", "--out", str(split), "--resume"]) == 2
