@@ -366,10 +366,14 @@ def category_losses(model, tok, rows: list[dict]) -> dict[str, float]:
     return {k: v[0] / v[1] for k, v in sorted(tot.items())}
 
 
-def bench_mix(args) -> dict:
+def bench_mix(args, seed: int = 0) -> dict:
     """GEM extrinsic: domain weights from natural / uniform / DoReMi / RegMix on the GEM, K-Means and source
     taxonomies, then continued training of the default model on each mixture with one token budget, scored
-    by held-out loss per source category (mean and worst); RegMix predictability per taxonomy."""
+    by held-out loss per source category (mean and worst); RegMix predictability per taxonomy.
+
+    ``seed`` is the whole pipeline's seed: the clusterers' initialisation, the mixers' proxies and data order,
+    the sampled training stream and the continued training. The corpus and the held-out documents are the same
+    for every seed (seed 0 reproduces the single-seed run that preceded ``--mix-seeds``)."""
     import torch
 
     from llmtool.core.intervals import bootstrap_mean_ci
@@ -387,10 +391,10 @@ def bench_mix(args) -> dict:
     emb = embed_minilm([r["text"] for r in train_rows], batch_size=64)
     taxonomies = {}
     for name in ("gem", "kmeans", "source"):
-        cfg = CLUSTERERS.build(name, **({} if name == "source" else {"k": args.k, "cluster_seed": 0}))
+        cfg = CLUSTERERS.build(name, **({} if name == "source" else {"k": args.k, "cluster_seed": seed}))
         res, _ = run_clusterer(cfg, emb, [r["source"] for r in train_rows])
         taxonomies[name] = [str(int(x)) for x in res.labels]
-    proxy_kw = {"steps": args.proxy_steps, "proxy_vocab": args.proxy_vocab}
+    proxy_kw = {"steps": args.proxy_steps, "proxy_vocab": args.proxy_vocab, "mix_seed": seed}
     arms, weights_out, mixer_rows = [], {}, []
     lengths = [len(ids) + 1 for ids in tok([r["text"] for r in train_rows], add_special_tokens=False)["input_ids"]]
     for tax, labels in taxonomies.items():
@@ -426,13 +430,13 @@ def bench_mix(args) -> dict:
     per_cat = {"base (no training)": results[0]["per_category"]}
     del base
     for arm, tax, labels, names, w in arms:
-        order, meta = sample_stream(labels, names, w, lengths, tokens=steps * block * batch + block, seed=0)
+        order, meta = sample_stream(labels, names, w, lengths, tokens=steps * block * batch + block, seed=seed)
         blocks = pack_texts(tok, [train_rows[i]["text"] for i in order], block, max_blocks=steps * batch)
-        torch.manual_seed(0)
+        torch.manual_seed(seed)
         model = load_model(args.model)
         t = time.time()
         fit = sft(model, tok, blocks, TrainArgs(lr=args.mix_lr, max_steps=steps, batch_size=batch, max_length=block,
-                                                seed=0, warmup_ratio=0.05))
+                                                seed=seed, warmup_ratio=0.05))
         summ = _loss_summary(category_losses(model, tok, held))
         per_cat[arm] = summ["per_category"]
         results.append({"arm": arm, **summ, "train_loss": round(float(fit["train_loss"]), 4),
@@ -446,9 +450,50 @@ def bench_mix(args) -> dict:
         idx = np.stack([rng.integers(0, len(d), len(d)) for _ in range(2000)])
         r["mean_minus_natural"] = round(float(d.mean()), 4)
         r["mean_minus_natural_ci"] = [round(x, 4) for x in bootstrap_mean_ci(d, idx)]
-    return {"train_docs": len(train_rows), "heldout_docs": len(held), "categories": len(nat), "steps": steps,
+    return {"seed": seed, "train_docs": len(train_rows), "heldout_docs": len(held), "categories": len(nat), "steps": steps,
             "tokens": steps * block * batch, "mixers": mixer_rows, "weights": weights_out,
             "rows": [{k: v for k, v in r.items() if k != "per_category"} for r in results], "per_category": per_cat}
+
+
+def mix_runs(mix: dict) -> list[dict]:
+    """The per-seed runs of a stored mix part (a result from before ``--mix-seeds`` is one run of seed 0)."""
+    return mix["runs"] if "runs" in mix else [{**mix, "seed": mix.get("seed", 0)}]
+
+
+def mix_seed_summary(runs: list[dict], boot: int = 2000) -> list[dict]:
+    """Per arm over the seeds: mean held-out loss (mean ± sd over seeds), the difference to the natural mixture
+    of the same seed (mean over seeds, and in how many seeds it is below zero), and a 95 % bootstrap interval
+    over source categories of the seed-averaged per-category difference."""
+    from llmtool.core.intervals import bootstrap_mean_ci
+
+    arms = [r["arm"] for r in runs[0]["rows"]]
+    cats = list(runs[0]["per_category"]["natural"])
+    rng = np.random.default_rng(0)
+    idx = np.stack([rng.integers(0, len(cats), len(cats)) for _ in range(boot)])
+    out = []
+    for arm in arms:
+        have = [r for r in runs if arm in r["per_category"]]
+        means = np.array([np.mean([r["per_category"][arm][c] for c in cats]) for r in have])
+        diffs = np.array([[r["per_category"][arm][c] - r["per_category"]["natural"][c] for c in cats] for r in have])
+        per_seed = diffs.mean(axis=1)
+        lo, hi = bootstrap_mean_ci(diffs.mean(axis=0), idx)
+        out.append({"arm": arm, "seeds": len(have), "mean_loss": round(float(means.mean()), 4),
+                    "mean_loss_sd": round(float(means.std(ddof=1)) if len(have) > 1 else 0.0, 4),
+                    "minus_natural": round(float(per_seed.mean()), 4),
+                    "minus_natural_ci": [round(float(lo), 4), round(float(hi), 4)],
+                    "per_seed_minus_natural": [round(float(x), 4) for x in per_seed],
+                    "seeds_below_natural": int((per_seed < 0).sum())})
+    return out
+
+
+_MIX_PROTOCOL = ("model", "fortunes", "austen", "synthetic", "k", "heldout", "proxy_steps", "proxy_vocab",
+                 "regmix_proxies", "regmix_steps", "regmix_batch", "mix_tokens", "mixers", "mix_block", "mix_batch",
+                 "mix_lr")
+
+
+def _same_mix_protocol(old: dict, new: dict) -> bool:
+    """Runs of two invocations belong in one seed summary only when every argument that shapes the mix part agrees."""
+    return all(old.get(k) == new.get(k) for k in _MIX_PROTOCOL)
 
 
 def _loss_summary(per: dict[str, float]) -> dict:
@@ -531,6 +576,9 @@ def main() -> None:
     ap.add_argument("--mix-block", type=int, default=128)
     ap.add_argument("--mix-batch", type=int, default=8)
     ap.add_argument("--mix-lr", type=float, default=5e-5)
+    ap.add_argument("--mix-seeds", type=lambda s: [int(x) for x in s.split(",")], default=[0],
+                    help="mix: pipeline seeds (clusterers, mixers' proxies, training stream and run); stored runs of "
+                         "other seeds made with the same mix arguments are kept and summarised with these")
     ap.add_argument("--skip", default="", help="comma list: gem,shift,mix")
     ap.add_argument("--out", default="benchmarks/results/select_data")
     args = ap.parse_args()
@@ -569,19 +617,39 @@ def main() -> None:
                f"{a['max_new_tokens']} new tokens)", "", markdown_table(s["rows"]), "",
                "```", json.dumps(s["diagnostics"], indent=1), "```", ""]
     if "mix" not in skip:
-        result["mix"] = bench_mix(args)
+        kept = []
+        if out.with_suffix(".json").is_file():  # earlier seeds of the same protocol join the summary
+            old = json.loads(out.with_suffix(".json").read_text())
+            if "mix" in old and _same_mix_protocol(old.get("args_mix", old.get("args", {})), vars(args)):
+                kept = [r for r in mix_runs(old["mix"]) if r["seed"] not in args.mix_seeds]
+        runs = sorted(kept + [bench_mix(args, seed) for seed in args.mix_seeds], key=lambda r: r["seed"])
+        result["mix"] = {"runs": runs, "seeds": [r["seed"] for r in runs], "summary": mix_seed_summary(runs)}
     if "mix" in result:
-        m = result["mix"]
+        runs = mix_runs(result["mix"])
+        m = runs[0]
         a = result["args_mix"]
         md += [f"## GEM extrinsic: mixers on three taxonomies, continued training of {a['model']}", "",
                f"{m['train_docs']} training documents; {m['heldout_docs']} held out over {m['categories']} source "
                f"categories. Proxies: 2 layers, d 128, {a['proxy_vocab']}-id compact vocabulary, {a['proxy_steps']} "
                f"updates (DoReMi); RegMix {a['regmix_proxies']} proxies × {a['regmix_steps']} updates × {a['regmix_batch']} "
                f"sequences. Continued training: {m['steps']} steps × "
-               f"{a['mix_batch']} × {a['mix_block']} tokens ({m['tokens']} tokens), lr {a['mix_lr']}, seed 0.", "",
-               "Mixers:", "", markdown_table(m["mixers"]), "",
-               "Held-out loss per source category (nats/token; mean and worst over categories; difference to the "
-               "natural mixture with a 95 % bootstrap interval over categories):", "", markdown_table(m["rows"]), ""]
+               f"{a['mix_batch']} × {a['mix_block']} tokens ({m['tokens']} tokens), lr {a['mix_lr']}, pipeline seeds "
+               f"{', '.join(str(r['seed']) for r in runs)}.", ""]
+        if len(runs) > 1:
+            summ = result["mix"].get("summary") or mix_seed_summary(runs)
+            md += ["Over seeds: mean held-out loss (mean ± sd over seeds); mean − natural of the same seed, averaged "
+                   "over seeds, with a 95 % bootstrap interval over categories of the seed-averaged per-category "
+                   "difference; per-seed differences and the seeds in which the arm is below natural:", "",
+                   markdown_table([{"arm": r["arm"], "seeds": r["seeds"],
+                                    "mean loss": f"{r['mean_loss']:.4f} ± {r['mean_loss_sd']:.4f}",
+                                    "mean − natural [95 % CI]": f"{r['minus_natural']:+.4f} [{r['minus_natural_ci'][0]:+.4f}, "
+                                                                f"{r['minus_natural_ci'][1]:+.4f}]",
+                                    "per seed": " / ".join(f"{x:+.4f}" for x in r["per_seed_minus_natural"]),
+                                    "below natural": f"{r['seeds_below_natural']}/{r['seeds']}"} for r in summ]), ""]
+        for r in runs:
+            md += [f"### Seed {r['seed']}", "", "Mixers:", "", markdown_table(r["mixers"]), "",
+                   "Held-out loss per source category (nats/token; mean and worst over categories; difference to the "
+                   "natural mixture with a 95 % bootstrap interval over categories):", "", markdown_table(r["rows"]), ""]
     out.parent.mkdir(parents=True, exist_ok=True)
     out.with_suffix(".json").write_text(json.dumps(result, indent=2, default=float))
     out.with_suffix(".md").write_text("\n".join(md))
