@@ -462,21 +462,22 @@ def mix_runs(mix: dict) -> list[dict]:
 
 def mix_seed_summary(runs: list[dict], boot: int = 2000) -> list[dict]:
     """Per arm over the seeds: mean held-out loss (mean ± sd over seeds), the difference to the natural mixture
-    of the same seed (mean over seeds, and in how many seeds it is below zero), and a 95 % bootstrap interval
-    over source categories of the seed-averaged per-category difference."""
-    from llmtool.core.intervals import bootstrap_mean_ci
-
+    of the same seed (mean over seeds, and in how many seeds it is below zero), and a 95 % two-level bootstrap
+    interval of that difference: each draw resamples the seeds (runs), then the source categories, so the
+    interval carries the run-to-run variation as well as the categories' (with one seed it is over categories)."""
     arms = [r["arm"] for r in runs[0]["rows"]]
     cats = list(runs[0]["per_category"]["natural"])
     rng = np.random.default_rng(0)
-    idx = np.stack([rng.integers(0, len(cats), len(cats)) for _ in range(boot)])
     out = []
     for arm in arms:
         have = [r for r in runs if arm in r["per_category"]]
         means = np.array([np.mean([r["per_category"][arm][c] for c in cats]) for r in have])
         diffs = np.array([[r["per_category"][arm][c] - r["per_category"]["natural"][c] for c in cats] for r in have])
         per_seed = diffs.mean(axis=1)
-        lo, hi = bootstrap_mean_ci(diffs.mean(axis=0), idx)
+        s_idx = rng.integers(0, len(have), (boot, len(have)))
+        c_idx = rng.integers(0, len(cats), (boot, len(cats)))
+        draws = np.array([diffs[s_idx[b]][:, c_idx[b]].mean() for b in range(boot)])
+        lo, hi = np.percentile(draws, [2.5, 97.5])
         out.append({"arm": arm, "seeds": len(have), "mean_loss": round(float(means.mean()), 4),
                     "mean_loss_sd": round(float(means.std(ddof=1)) if len(have) > 1 else 0.0, 4),
                     "minus_natural": round(float(per_seed.mean()), 4),
@@ -636,10 +637,10 @@ def main() -> None:
                f"{a['mix_batch']} × {a['mix_block']} tokens ({m['tokens']} tokens), lr {a['mix_lr']}, pipeline seeds "
                f"{', '.join(str(r['seed']) for r in runs)}.", ""]
         if len(runs) > 1:
-            summ = result["mix"].get("summary") or mix_seed_summary(runs)
+            summ = mix_seed_summary(runs)
             md += ["Over seeds: mean held-out loss (mean ± sd over seeds); mean − natural of the same seed, averaged "
-                   "over seeds, with a 95 % bootstrap interval over categories of the seed-averaged per-category "
-                   "difference; per-seed differences and the seeds in which the arm is below natural:", "",
+                   "over seeds, with a 95 % two-level bootstrap interval (seeds resampled, then categories); the "
+                   "per-seed differences and the seeds in which the arm is below natural:", "",
                    markdown_table([{"arm": r["arm"], "seeds": r["seeds"],
                                     "mean loss": f"{r['mean_loss']:.4f} ± {r['mean_loss_sd']:.4f}",
                                     "mean − natural [95 % CI]": f"{r['minus_natural']:+.4f} [{r['minus_natural_ci'][0]:+.4f}, "

@@ -102,3 +102,27 @@ def test_gates_are_computed_per_embedder():
     g = all_gem_gates(rows, k=24)
     assert g["minilm:collapse_top2_le_half_kmeans"]["verdict"] == "not tested"
     assert g["lm:collapse_top2_le_half_kmeans"]["verdict"] == "met"
+
+
+def test_mix_seed_summary_carries_run_to_run_variation():
+    """Two seeds, 5 categories: an arm 0.1 below natural in both seeds has the interval [-0.1, -0.1]; one that is
+    0.1 below in one seed and 0.1 above in the other straddles zero although each seed's category interval
+    excludes it; a stored single-seed result reads as seed 0; protocols differing in the token budget do not mix."""
+    sd = load_benchmark("select_data")
+    cats = [f"c{i}" for i in range(5)]
+
+    def run(seed, shift_b):
+        nat = {c: 4.0 + 0.1 * i for i, c in enumerate(cats)}
+        return {"seed": seed, "rows": [{"arm": "natural"}, {"arm": "a"}, {"arm": "b"}],
+                "per_category": {"natural": nat, "a": {c: v - 0.1 for c, v in nat.items()},
+                                 "b": {c: v + shift_b for c, v in nat.items()}}}
+
+    rows = {r["arm"]: r for r in sd.mix_seed_summary([run(0, -0.1), run(1, 0.1)])}
+    assert rows["a"]["minus_natural_ci"] == [-0.1, -0.1] and rows["a"]["seeds_below_natural"] == 2
+    assert rows["b"]["per_seed_minus_natural"] == [-0.1, 0.1] and rows["b"]["seeds_below_natural"] == 1
+    lo, hi = rows["b"]["minus_natural_ci"]
+    assert lo < 0 < hi and rows["b"]["mean_loss_sd"] > 0.1
+    old = {"rows": [{"arm": "natural"}], "per_category": {"natural": {"c0": 4.0}}}
+    assert sd.mix_runs(old)[0]["seed"] == 0 and sd.mix_runs({"runs": [run(3, 0)]})[0]["seed"] == 3
+    args = {k: 1 for k in sd._MIX_PROTOCOL}
+    assert sd._same_mix_protocol(args, dict(args)) and not sd._same_mix_protocol(args, {**args, "mix_tokens": 2})
