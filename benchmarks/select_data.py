@@ -627,6 +627,8 @@ def main() -> None:
         result["mix"] = {"runs": runs, "seeds": [r["seed"] for r in runs], "summary": mix_seed_summary(runs)}
     if "mix" in result:
         runs = mix_runs(result["mix"])
+        if len(runs) > 1:  # recomputed, so a report rebuilt from stored runs carries the current interval
+            result["mix"]["summary"] = mix_seed_summary(runs)
         m = runs[0]
         a = result["args_mix"]
         md += [f"## GEM extrinsic: mixers on three taxonomies, continued training of {a['model']}", "",
