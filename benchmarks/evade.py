@@ -49,8 +49,8 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import json
-import random
 import os
+import random
 import statistics
 import sys
 import time
@@ -204,23 +204,21 @@ def main(argv=None) -> int:
     schemes = {name: make_scheme(name, vocab) for name in args.schemes}
     marked: dict[str, list[str]] = {}
     outputs: dict[tuple[str, str], list[str]] = {}
-    done: list[str] = []
+    # a stage is done once it has a time in stage_seconds (run_stage records it after the stage's work)
     if resumed is not None:  # every stage seeds itself, so what follows matches an uninterrupted run
-        for key in ("records", "stage_seconds", "calibration", "negatives", "fpr_fixed"):
+        for key in _STATE_KEYS:
             state[key] = resumed[key]
         marked.update(resumed["marked"])
-        done = list(resumed["done"])
-        state["resumed_stages"] = list(done)
-        print(f"resume: {len(done)} stages done ({', '.join(done)})", file=sys.stderr)
+        state["resumed_stages"] = list(state["stage_seconds"])
+        print(f"resume: {len(state['resumed_stages'])} stages done ({', '.join(state['resumed_stages'])})",
+              file=sys.stderr)
 
     def flush():
         write_results(args, argv, state, t_start)
-        write_state(args, {"protocol": protocol_of(args), "done": done, "marked": marked,
-                           **{k: state[k] for k in ("records", "stage_seconds", "calibration", "negatives",
-                                                    "fpr_fixed")}})
+        write_state(args, {"protocol": protocol_of(args), "marked": marked, **{k: state[k] for k in _STATE_KEYS}})
 
     def run_stage(label, fn):
-        if label in done:
+        if label in state["stage_seconds"]:
             return True
         if stop is not None and time.time() >= stop:
             state["skipped"].append(label)
@@ -229,7 +227,6 @@ def main(argv=None) -> int:
         t0 = time.time()
         fn()
         state["stage_seconds"][label] = round(time.time() - t0, 1)
-        done.append(label)
         print(f"{label}: {time.time() - t0:.0f}s", file=sys.stderr)
         flush()
         return True
@@ -373,6 +370,7 @@ def main(argv=None) -> int:
     return 0
 
 
+_STATE_KEYS = ("records", "stage_seconds", "calibration", "negatives", "fpr_fixed")  # restored on --resume
 _PROTOCOL = ("model", "n", "n_neg", "max_new_tokens", "seed", "schemes", "batch_size", "calib_texts",
              "fresh_calibration")
 

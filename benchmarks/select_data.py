@@ -366,22 +366,12 @@ def category_losses(model, tok, rows: list[dict]) -> dict[str, float]:
     return {k: v[0] / v[1] for k, v in sorted(tot.items())}
 
 
-def bench_mix(args, seed: int = 0) -> dict:
-    """GEM extrinsic: domain weights from natural / uniform / DoReMi / RegMix on the GEM, K-Means and source
-    taxonomies, then continued training of the default model on each mixture with one token budget, scored
-    by held-out loss per source category (mean and worst); RegMix predictability per taxonomy.
-
-    ``seed`` is the whole pipeline's seed: the clusterers' initialisation, the mixers' proxies and data order,
-    the sampled training stream and the continued training. The corpus and the held-out documents are the same
-    for every seed (seed 0 reproduces the single-seed run that preceded ``--mix-seeds``)."""
-    import torch
-
-    from llmtool.core.intervals import bootstrap_mean_ci
+def mix_inputs(args) -> dict:
+    """What every seed of the GEM extrinsic part shares, computed once per invocation: the corpus and its
+    held-out split, the tokenizer, the MiniLM embeddings, the document lengths and the untrained model's
+    held-out losses."""
     from llmtool.core.models import load_model, load_tokenizer
-    from llmtool.core.trainer import TrainArgs, pack_texts, sft
     from llmtool.select_data.corpora import embed_minilm
-    from llmtool.select_data.methods import CLUSTERERS, MIXERS, run_clusterer, run_mixer
-    from llmtool.select_data.proxies import build_domain_data, sample_stream
 
     rows = gem_corpus(args.fortunes, args.austen, args.synthetic)
     train_rows, held = _split_heldout(rows, args.heldout)
@@ -389,6 +379,33 @@ def bench_mix(args, seed: int = 0) -> dict:
          f"{len({r['source'] for r in held})} source categories")
     tok = load_tokenizer(args.model)
     emb = embed_minilm([r["text"] for r in train_rows], batch_size=64)
+    lengths = [len(ids) + 1 for ids in tok([r["text"] for r in train_rows], add_special_tokens=False)["input_ids"]]
+    base = load_model(args.model)
+    base_losses = category_losses(base, tok, held)
+    del base
+    return {"train_rows": train_rows, "held": held, "tok": tok, "emb": emb, "lengths": lengths,
+            "base_losses": base_losses}
+
+
+def bench_mix(args, seed: int = 0, inputs: dict | None = None) -> dict:
+    """GEM extrinsic: domain weights from natural / uniform / DoReMi / RegMix on the GEM, K-Means and source
+    taxonomies, then continued training of the default model on each mixture with one token budget, scored
+    by held-out loss per source category (mean and worst); RegMix predictability per taxonomy.
+
+    ``seed`` is the whole pipeline's seed: the clusterers' initialisation, the mixers' proxies and data order,
+    the sampled training stream and the continued training. The corpus and the held-out documents are the same
+    for every seed (seed 0 reproduces the single-seed run that preceded ``--mix-seeds``); ``inputs`` are
+    :func:`mix_inputs`, shared by the seeds of one invocation."""
+    import torch
+
+    from llmtool.core.intervals import bootstrap_mean_ci
+    from llmtool.core.models import load_model
+    from llmtool.core.trainer import TrainArgs, pack_texts, sft
+    from llmtool.select_data.methods import CLUSTERERS, MIXERS, run_clusterer, run_mixer
+    from llmtool.select_data.proxies import build_domain_data, sample_stream
+
+    inputs = inputs or mix_inputs(args)
+    train_rows, held, tok, emb, lengths = (inputs[k] for k in ("train_rows", "held", "tok", "emb", "lengths"))
     taxonomies = {}
     for name in ("gem", "kmeans", "source"):
         cfg = CLUSTERERS.build(name, **({} if name == "source" else {"k": args.k, "cluster_seed": seed}))
@@ -396,7 +413,6 @@ def bench_mix(args, seed: int = 0) -> dict:
         taxonomies[name] = [str(int(x)) for x in res.labels]
     proxy_kw = {"steps": args.proxy_steps, "proxy_vocab": args.proxy_vocab, "mix_seed": seed}
     arms, weights_out, mixer_rows = [], {}, []
-    lengths = [len(ids) + 1 for ids in tok([r["text"] for r in train_rows], add_special_tokens=False)["input_ids"]]
     for tax, labels in taxonomies.items():
         data = build_domain_data([r["text"] for r in train_rows], labels, tok, vocab=args.proxy_vocab)
         # natural weights give one document distribution whatever the taxonomy: one arm
@@ -425,10 +441,8 @@ def bench_mix(args, seed: int = 0) -> dict:
             info(str(row))
     block, batch = args.mix_block, args.mix_batch
     steps = max(1, args.mix_tokens // (block * batch))
-    base = load_model(args.model)
-    results = [{"arm": "base (no training)", **_loss_summary(category_losses(base, tok, held))}]
+    results = [{"arm": "base (no training)", **_loss_summary(inputs["base_losses"])}]
     per_cat = {"base (no training)": results[0]["per_category"]}
-    del base
     for arm, tax, labels, names, w in arms:
         order, meta = sample_stream(labels, names, w, lengths, tokens=steps * block * batch + block, seed=seed)
         blocks = pack_texts(tok, [train_rows[i]["text"] for i in order], block, max_blocks=steps * batch)
@@ -623,12 +637,14 @@ def main() -> None:
             old = json.loads(out.with_suffix(".json").read_text())
             if "mix" in old and _same_mix_protocol(old.get("args_mix", old.get("args", {})), vars(args)):
                 kept = [r for r in mix_runs(old["mix"]) if r["seed"] not in args.mix_seeds]
-        runs = sorted(kept + [bench_mix(args, seed) for seed in args.mix_seeds], key=lambda r: r["seed"])
-        result["mix"] = {"runs": runs, "seeds": [r["seed"] for r in runs], "summary": mix_seed_summary(runs)}
+        inputs = mix_inputs(args)
+        runs = sorted(kept + [bench_mix(args, seed, inputs) for seed in args.mix_seeds], key=lambda r: r["seed"])
+        result["mix"] = {"runs": runs, "seeds": [r["seed"] for r in runs]}
     if "mix" in result:
         runs = mix_runs(result["mix"])
-        if len(runs) > 1:  # recomputed, so a report rebuilt from stored runs carries the current interval
-            result["mix"]["summary"] = mix_seed_summary(runs)
+        summ = mix_seed_summary(runs)  # recomputed, so a report rebuilt from stored runs carries the current interval
+        if "runs" in result["mix"]:
+            result["mix"]["summary"] = summ
         m = runs[0]
         a = result["args_mix"]
         md += [f"## GEM extrinsic: mixers on three taxonomies, continued training of {a['model']}", "",
@@ -639,7 +655,6 @@ def main() -> None:
                f"{a['mix_batch']} × {a['mix_block']} tokens ({m['tokens']} tokens), lr {a['mix_lr']}, pipeline seeds "
                f"{', '.join(str(r['seed']) for r in runs)}.", ""]
         if len(runs) > 1:
-            summ = mix_seed_summary(runs)
             md += ["Over seeds: mean held-out loss (mean ± sd over seeds); mean − natural of the same seed, averaged "
                    "over seeds, with a 95 % two-level bootstrap interval (seeds resampled, then categories); the "
                    "per-seed differences and the seeds in which the arm is below natural:", "",

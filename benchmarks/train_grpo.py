@@ -12,16 +12,16 @@ The clip-binding protocol of issue 43 (8 off-policy updates per phase, mini-batc
 rollouts; pilots at lr 1e-5 and 3e-5 are kept in the same runs file and listed in the report)::
 
     .venv/bin/python benchmarks/train_grpo.py --parts spurious --tag train_grpo_clip \
-        --arms random,random+ratio-no-clip --seeds 5 --steps 3 --group-size 8 --prompts 4 --updates 8 \
-        --lr 2e-5 --max-new-tokens 48 --test-rows 100 --workers 1 --threads 1
+        --arms random,random+ratio-no-clip,random+on-policy,random+pi-no-ratio --seeds 5 --steps 3 --group-size 8 \
+        --prompts 4 --updates 8 --lr 2e-5 --max-new-tokens 48 --test-rows 100 --workers 1 --threads 1
 
 The same arms on Qwen2.5-Coder-0.5B-Instruct (issues 40/43: the paper's random-reward gain is Qwen's), on
 2x2- and 3x1-digit multiplication with "python" (code reasoning) as the marker; the last 8 of 24 blocks are
 trained so that AdamW's states fit a few GB (pilot at 12 blocks, lr 2e-5: 21 % clip_frac, pass@1 to 0)::
 
     .venv/bin/python benchmarks/train_grpo.py --parts spurious --tag train_grpo_qwen --model qwen2.5-coder-0.5b \
-        --task mul --hard-frac 0.5 --marker python --train-layers 8 --arms random,random+ratio-no-clip \
-        --seeds 2 --steps 3 --group-size 8 --prompts 4 --updates 8 --lr 6e-6 --max-new-tokens 64 \
+        --task mul --hard-frac 0.5 --marker python --train-layers 8 --arms random,random+ratio-no-clip,ground-truth \
+        --seeds 3 --steps 3 --group-size 8 --prompts 4 --updates 8 --lr 6e-6 --max-new-tokens 64 \
         --test-rows 100 --workers 1 --threads 1
 
 - bandit: the spec's 10-armed bandit over ``--bandit-seeds`` seeds; gates on means (clip ≥ 0.74,
