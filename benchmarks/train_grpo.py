@@ -530,7 +530,9 @@ def setpo_directions(d: dict) -> list[dict]:
     """The SetPO-vs-GRPO directions of spec §5 as gates, for every SetPO arm (``setpo``, ``setpo@L``): distinct
     correct answers >= GRPO's, pass@8 >= GRPO's - 2 points, pass@k at the largest k evaluated (when above 8)
     >= GRPO's, pass@1 within +-3 points. A pass@k direction is tested only where pass@k does not saturate
-    (both arms below 1.0): at 1.000 it cannot fail. Intervals (paired over problems) go in ``measured``."""
+    (both arms below 1.0): at 1.000 it cannot fail; and only where GRPO leaves room to meet it (GRPO - tolerance
+    below the saturation level): with GRPO at 1.000 the "pass@k >= GRPO's" direction can only fail.
+    Intervals (paired over problems) go in ``measured``."""
     arms, paired = d.get("arms", {}), d.get("paired", {})
     out = []
     if "grpo" not in arms:
@@ -564,11 +566,16 @@ def setpo_directions(d: dict) -> list[dict]:
             vals = [arms["grpo"][key], arms[name][key]]
             tol, what = (0.02, "-2 points") if k <= 8 else (0.0, "0")
             sat = saturated(vals, tol=SATURATED_TOL)
+            # the direction can be met only by a SetPO value that does not saturate: one >= GRPO - tol and
+            # below 1 - SATURATED_TOL; with GRPO at the ceiling and tol 0 none exists, so the gate could only fail
+            room = vals[0] - tol < 1.0 - SATURATED_TOL
+            reason = (f"{key} saturates ({vals[0]:.3f} GRPO, {vals[1]:.3f} SetPO): it cannot fall" if sat
+                      else f"GRPO's {key} is {vals[0]:.3f}, at the ceiling: SetPO can tie it (saturated) or fall "
+                           "below it, never meet the direction, so the gate could only fail" if not room
+                      else why_same)
             out.append(gate(f"{label} {key} - GRPO >= {what}", sp[key]["diff"] >= -tol,
                             {**measured(key), "grpo": round(vals[0], 4), "setpo": round(vals[1], 4)},
-                            precondition=not sat and not same,
-                            reason=(f"{key} saturates ({vals[0]:.3f} GRPO, {vals[1]:.3f} SetPO): it cannot fall"
-                                    if sat else why_same)))
+                            precondition=not sat and room and not same, reason=reason))
         if "pass@1" in sp:
             out.append(gate(f"{label} pass@1 within +-3 points of GRPO", abs(sp["pass@1"]["diff"]) <= 0.03,
                             measured("pass@1"), precondition=not same, reason=why_same))

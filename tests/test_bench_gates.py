@@ -113,6 +113,27 @@ def test_setpo_pass_at_k_direction_not_tested_when_saturated():
     assert fell["SetPO pass@8 - GRPO >= -2 points"] == gates.NOT_MET
 
 
+def test_setpo_largest_k_direction_not_tested_when_grpo_sits_at_the_ceiling():
+    """pass@32 >= GRPO's with GRPO at 1.0: SetPO either ties (saturated) or falls, so the gate could only fail.
+    pass@8's -2 point tolerance leaves room, so it stays tested at the same GRPO value."""
+    grpo = _bench("train_grpo")
+
+    def d(g, s):
+        return {"arms": {"grpo": {"pass@8": g, "pass@32": g, "pass@1": 0.5},
+                         "setpo": {"pass@8": s, "pass@32": s, "pass@1": 0.5}},
+                "paired": {"setpo-grpo": {"pass@1": {"diff": 0.0}, "pass@8": {"diff": s - g},
+                                          "pass@32": {"diff": s - g}, "distinct_correct": {"diff": 0.1}}}}
+
+    top = {g["gate"]: g for g in grpo.setpo_directions(d(1.0, 0.99))}
+    assert top["SetPO pass@32 - GRPO >= 0"]["verdict"] == gates.NOT_TESTED
+    assert "could only fail" in top["SetPO pass@32 - GRPO >= 0"]["reason"]
+    assert top["SetPO pass@8 - GRPO >= -2 points"]["verdict"] == gates.MET
+    below = {g["gate"]: g["verdict"] for g in grpo.setpo_directions(d(0.97, 0.96))}
+    assert below["SetPO pass@32 - GRPO >= 0"] == gates.NOT_MET
+    assert {g["gate"]: g["verdict"] for g in grpo.setpo_directions(d(0.97, 0.98))}["SetPO pass@32 - GRPO >= 0"] \
+        == gates.MET
+
+
 def _route_acc(cross: float):
     acc = {"base": {"math": 0.1, "code": 0.1}, "expert:math": {"math": 0.8, "code": cross},
            "expert:code": {"math": cross, "code": 0.8}, "fusion": {"math": 0.8, "code": 0.8},
