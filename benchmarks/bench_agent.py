@@ -39,6 +39,19 @@ from pathlib import Path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 RESULTS = Path(__file__).parent / "results"
+DEFAULT_MODEL = "smollm2-135m"
+STEM = "bench_agent"  # the results stem of this invocation (set from --model by main)
+
+
+def results_stem(model: str) -> str:
+    """The results stem of a model's rows: the default model's results keep their name, any other model gets its
+    own (issue 40's Qwen2.5-Coder rows), so a run with another model never overwrites the SmolLM2 tables."""
+    if model == DEFAULT_MODEL:
+        return "bench_agent"
+    import re
+
+    name = re.sub(r"[^A-Za-z0-9]+", "-", Path(model.rstrip("/")).name).strip("-").lower()
+    return f"bench_agent-{name or 'model'}"
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from benchmarks.gates import gate, render  # noqa: E402
 
@@ -214,7 +227,7 @@ def uh_part(args, work: Path) -> dict:
 
 def previous_results() -> dict:
     """The results a partial rerun (``--only ...``) updates: the existing JSON, or an empty skeleton."""
-    prev = RESULTS / "bench_agent.json"
+    prev = RESULTS / f"{STEM}.json"
     results = json.loads(prev.read_text()) if prev.is_file() else {"command": "", "config": {}, "gates": {}}
     results.setdefault("pipe", {})
     return results
@@ -360,9 +373,11 @@ def _uh_row(agent, env, steps, policy, s, steps_per_s, protocol=MENU) -> dict:
             "env steps/s": f"{steps_per_s:.0f}" if steps_per_s else ""}
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--model", default="smollm2-135m", help="default model alias or directory")
+    ap.add_argument("--model", default=DEFAULT_MODEL,
+                    help="model alias or directory; a model other than the default writes its own results "
+                         "(benchmarks/results/bench_agent-<model>.*)")
     ap.add_argument("--env", default="grid-nav", help="PIPE env for the model rows")
     ap.add_argument("--oracle-tasks", type=int, default=50)
     ap.add_argument("--external-tasks", type=int, default=20, help="oracle episodes per real game (TWX, ScienceWorld)")
@@ -402,7 +417,9 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--work", default=None, help="scratch directory (default: a temp dir)")
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
+    global STEM
+    STEM = results_stem(args.model)
     if args.only == "oracle":
         return only_oracle(args)
     if args.only == "uh-model":
@@ -433,6 +450,8 @@ def main() -> None:
     config = {k: v for k, v in vars(args).items() if k != "work"}
     if args.only == "pipe":
         results = previous_results()
+        if not results["command"]:  # the first run into a new model's results file
+            results.update(command=command, config=config)
         results["pipe"].pop(args.env, None)       # other environments' rows are kept
         if args.env == ACCEPTANCE_ENV:
             results["gates"] = {k: v for k, v in results["gates"].items()
@@ -629,7 +648,7 @@ def write(results: dict) -> None:
             where["base_ir_in_[0.5,2]"] = base_ir_gate(r)
             if env_name == ACCEPTANCE_ENV or "control_ir" in r:
                 where["control_ir_in_[0.5,2]"] = control_ir_gate(r)
-    (RESULTS / "bench_agent.json").write_text(json.dumps(results, indent=2, default=str))
+    (RESULTS / f"{STEM}.json").write_text(json.dumps(results, indent=2, default=str))
     lines = ["# bench-agent benchmark", "", f"Command: `{results['command']}`", ""]
     if results.get("oracle_command"):
         lines += [f"Oracle table rerun alone: `{results['oracle_command']}` (other parts from the command above).", ""]
@@ -699,7 +718,7 @@ def write(results: dict) -> None:
         ph = results.get("phase_seconds", {})
         lines += ["", f"Wall time of the full command: {results['wall_seconds']:.0f} s; phases, including the parts "
                   "rerun alone: " + ", ".join(f"{k} {v:.0f} s" for k, v in ph.items()) + "."]
-    (RESULTS / "bench_agent.md").write_text("\n".join(lines) + "\n")
+    (RESULTS / f"{STEM}.md").write_text("\n".join(lines) + "\n")
     plot(results)
 
 
@@ -750,7 +769,7 @@ def plot(results: dict) -> None:
     fig.suptitle("bench-agent: success rate per interface rewrite (bars: Wilson 95 % CI)")
     fig.tight_layout(rect=(0, 0.07, 1, 1))
     fig.legend(handles, labels, loc="lower center", ncol=len(labels), fontsize=9, frameon=False)
-    fig.savefig(RESULTS / "bench_agent.png", dpi=110)
+    fig.savefig(RESULTS / f"{STEM}.png", dpi=110)
     plt.close(fig)
 
 

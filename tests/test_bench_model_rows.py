@@ -80,3 +80,21 @@ def test_judge_reading_follows_the_numbers():
     # above always-tie (0.225) but not above a random A/B pick (0.5 x 0.775 = 0.39): not above chance
     coin = ej.reading(*_judge_inputs(0.5, label_acc=(0.35, 0.42)), same_as_tie=False)
     assert "No aggregator's label-accuracy interval lies above both chance references" in coin
+
+
+def test_bench_agent_writes_another_models_rows_to_its_own_stem(tmp_path, monkeypatch):
+    ba = _bench("bench_agent")
+    assert ba.results_stem("smollm2-135m") == "bench_agent"
+    assert ba.results_stem("qwen2.5-coder-0.5b") == "bench_agent-qwen2-5-coder-0-5b"
+    monkeypatch.setattr(ba, "RESULTS", tmp_path)
+    rows = {"grid-nav": {m: {"sr": 1.0, "episodes": 1, "steps_per_s": 10.0, "rewards_equal_to_none": True}
+                         for m in ba.MODES}}
+    monkeypatch.setattr(ba, "oracle_rows", lambda *a, **k: rows)
+    default = tmp_path / "bench_agent.json"
+    default.write_text(json.dumps({"command": "smol", "config": {}, "gates": {}, "pipe": {"grid-nav": {"x": 1}}}))
+    ba.main(["--only", "oracle", "--model", "qwen2.5-coder-0.5b", "--work", str(tmp_path / "w")])
+    own = json.loads((tmp_path / "bench_agent-qwen2-5-coder-0-5b.json").read_text())
+    assert own["oracle"] == rows and (tmp_path / "bench_agent-qwen2-5-coder-0-5b.md").is_file()
+    assert json.loads(default.read_text())["pipe"] == {"grid-nav": {"x": 1}}  # the SmolLM2 rows untouched
+    ba.main(["--only", "oracle", "--work", str(tmp_path / "w")])  # the default model still writes the default stem
+    assert json.loads(default.read_text())["oracle"] == rows
