@@ -323,7 +323,8 @@ def only_uh_model(args) -> None:
     uh["raw"] = {k: v for k, v in uh["raw"].items() if not k.startswith("model-") or k in kept}
     uh["raw"].update(raw)
     results.setdefault("phase_seconds", {})[f"ultrahorizon model R={args.uh_model_steps} {args.uh_model_policies}"] = round(time.time() - t, 1)
-    cmd = (f"python benchmarks/bench_agent.py --only uh-model --uh-model-envs {args.uh_model_envs} "
+    model = f" --model {args.model}" if args.model != DEFAULT_MODEL else ""
+    cmd = (f"python benchmarks/bench_agent.py --only uh-model{model} --uh-model-envs {args.uh_model_envs} "
            f"--uh-model-steps {args.uh_model_steps} --uh-model-policies {args.uh_model_policies} "
            f"--uh-model-runs {args.uh_model_runs} --uh-model-window {args.uh_model_window} "
            f"--uh-max-new-tokens {args.uh_max_new_tokens} --workers {args.workers} --threads {args.threads}")
@@ -583,7 +584,8 @@ def only_control(args) -> None:
         r.pop(k, None)
     print(f"== control agent on {args.env} (other parts kept from the previous run)", flush=True)
     run_control(args, r, work, results.setdefault("phase_seconds", {}))
-    r["control_command"] = (f"python benchmarks/bench_agent.py --only control --env {args.env} --sft-steps "
+    model = f" --model {args.model}" if args.model != DEFAULT_MODEL else ""
+    r["control_command"] = (f"python benchmarks/bench_agent.py --only control{model} --env {args.env} --sft-steps "
                             f"{args.sft_steps} --train-tasks {args.train_tasks} --sft-batch {args.sft_batch} "
                             f"--base-episodes {args.base_episodes} --max-rounds {args.max_rounds} --threads {args.threads}")
     gates = results["gates"] if args.env == ACCEPTANCE_ENV else r.setdefault("checks", {})

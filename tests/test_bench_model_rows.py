@@ -98,3 +98,15 @@ def test_bench_agent_writes_another_models_rows_to_its_own_stem(tmp_path, monkey
     assert json.loads(default.read_text())["pipe"] == {"grid-nav": {"x": 1}}  # the SmolLM2 rows untouched
     ba.main(["--only", "oracle", "--work", str(tmp_path / "w")])  # the default model still writes the default stem
     assert json.loads(default.read_text())["oracle"] == rows
+
+
+def test_bench_agent_rerun_commands_name_another_model(tmp_path, monkeypatch):
+    """The command recorded for a partial rerun reproduces it: with another model it carries --model."""
+    ba = _bench("bench_agent")
+    monkeypatch.setattr(ba, "RESULTS", tmp_path)
+    monkeypatch.setattr(ba, "uh_model_part", lambda args, work: ([], {}))
+    ba.main(["--only", "uh-model", "--model", "qwen2.5-coder-0.5b", "--work", str(tmp_path / "w")])
+    cmds = json.loads((tmp_path / "bench_agent-qwen2-5-coder-0-5b.json").read_text())["uh_model_commands"]
+    assert cmds and all("--model qwen2.5-coder-0.5b" in c for c in cmds)
+    ba.main(["--only", "uh-model", "--work", str(tmp_path / "w")])
+    assert all("--model" not in c for c in json.loads((tmp_path / "bench_agent.json").read_text())["uh_model_commands"])
