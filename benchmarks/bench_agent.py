@@ -12,8 +12,10 @@ the default model at a tiny horizon) and harness cost.
     python benchmarks/bench_agent.py --only oracle   # rerun the oracle table only; other parts kept from the JSON
     python benchmarks/bench_agent.py --only uh-model --uh-model-envs grid,seq,bio --uh-model-steps 3,10 \
         --uh-model-runs 8 --workers 2                 # the default model's UltraHorizon cells only
+    python benchmarks/bench_agent.py --only pipe --model qwen2.5-coder-0.5b --base-episodes 20   # another model
 
-Writes benchmarks/results/bench_agent.{json,md,png}. Acceptance gates are reported as met / NOT met /
+Writes benchmarks/results/bench_agent.{json,md,png}; a model other than the default writes
+bench_agent-<model>.{json,md,png} instead, so its rows never replace the default model's. Acceptance gates are reported as met / NOT met /
 not tested (``benchmarks/gates.py``) with the measured figure; nothing is hard-coded. The base model's
 IR gate is not tested when the base model makes no valid tool call in the dual-interface runs (its IR
 is then 1 by definition, not by measurement); the control agent (``--control``, issue 42) is the agent that
