@@ -41,21 +41,15 @@ from pathlib import Path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 RESULTS = Path(__file__).parent / "results"
-DEFAULT_MODEL = "smollm2-135m"
 STEM = "bench_agent"  # the results stem of this invocation (set from --model by main)
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from benchmarks.gates import gate, render  # noqa: E402
+from benchmarks.stems import DEFAULT_MODEL, model_stem  # noqa: E402
 
 
 def results_stem(model: str) -> str:
-    """The results stem of a model's rows: the default model's results keep their name, any other model gets its
-    own (issue 40's Qwen2.5-Coder rows), so a run with another model never overwrites the SmolLM2 tables."""
-    if model == DEFAULT_MODEL:
-        return "bench_agent"
-    import re
-
-    name = re.sub(r"[^A-Za-z0-9]+", "-", Path(model.rstrip("/")).name).strip("-").lower()
-    return f"bench_agent-{name or 'model'}"
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from benchmarks.gates import gate, render  # noqa: E402
+    """The results stem of a model's rows (``benchmarks/stems.py``): another model never overwrites SmolLM2's."""
+    return model_stem("bench_agent", model)
 
 MODES = ("none", "synonym", "obfuscate", "dual-ori-first", "dual-syn-first")
 ACCEPTANCE_ENV = "grid-nav"   # the issue gates the fine-tuning experiment here; other envs are reported

@@ -40,17 +40,20 @@ import numpy as np
 from llmtool.core.console import markdown_table
 from llmtool.core.intervals import wilson
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from benchmarks.stems import model_stem  # noqa: E402
+
 RESULTS = Path(__file__).resolve().parent / "results"
 STEM = "evaluate_judge_real"
 DEFAULT_MODEL = "smollm2-135m"
 
 
 def stem_of(model: str) -> str:
-    """The results stem of a judge model: the default keeps ``STEM``; dots and separators become '-'."""
-    if model == DEFAULT_MODEL:
-        return STEM
-    name = re.sub(r"[^A-Za-z0-9]+", "-", Path(model.rstrip("/")).name).strip("-").lower()
-    return f"{STEM}-{name or 'model'}"
+    """The results stem of a judge model: the default keeps ``STEM``; dots and separators become '-'
+    (``benchmarks/stems.py``)."""
+    return model_stem(STEM, model, DEFAULT_MODEL)
+
+
 SENT = re.compile(r"(?<=[.!?])\s+(?=[A-Z\"'])")
 
 

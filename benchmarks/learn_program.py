@@ -58,6 +58,7 @@ RESULTS = ROOT / "benchmarks" / "results"
 RAW_KEPT = 10  # raw proposals kept per task in the results, so "no valid program" can be audited
 
 from benchmarks.gates import gate, lines as gate_lines, render  # noqa: E402
+from benchmarks.stems import model_stem  # noqa: E402
 
 DEFAULT_MODEL = "smollm2-135m"
 PARITY_LIKE = ["parity_all", "parity_first_half", "parity_rand_3", "parity_rand_10", "dyck2", "automata_parity",
@@ -73,14 +74,9 @@ SANITY_RULES = {
 
 
 def results_stem(model: str) -> Path:
-    """The default results stem of a proposer/ICL model: the SmolLM2 results keep their name, any other model
-    gets its own (dots and other separators become '-', so the stem takes a suffix safely)."""
-    if model == DEFAULT_MODEL:
-        return RESULTS / "learn_program"
-    import re
-
-    name = re.sub(r"[^A-Za-z0-9]+", "-", Path(model.rstrip("/")).name).strip("-").lower()
-    return RESULTS / f"learn_program-{name or 'model'}"
+    """The default results stem of a proposer/ICL model (``benchmarks/stems.py``): the SmolLM2 results keep their
+    name, any other model gets its own."""
+    return RESULTS / model_stem("learn_program", model, DEFAULT_MODEL)
 
 
 def wilson(k: int, n: int) -> list[float]:
