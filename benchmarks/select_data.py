@@ -31,6 +31,22 @@ from llmtool.core.console import info, markdown_table  # noqa: E402
 
 GENERATORS = ("basic_arithmetic", "chain_sum", "products", "simple_equations", "number_sorting",
               "spell_backward", "syllogism")
+# The SHIFT pool's generator configurations by difficulty. "default" is reasoning-gym's own (12-digit sums,
+# 5-digit products: out of a 135M model's reach, 8 % of GRPO groups with reward variance). "easy" is the issue-42
+# calibration: one-digit operands, two or three terms, three numbers to sort, 3-4-letter words, so that a warm
+# started SmolLM2-135M gets reward variance; syllogism keeps its default (already 91 % after the warm start).
+POOL_CONFIGS = {
+    "default": {},
+    "easy": {"basic_arithmetic": {"min_terms": 2, "max_terms": 2, "max_digits": 1, "operators": ["+", "-"],
+                                  "allow_parentheses": False, "allow_negation": False},
+             "chain_sum": {"min_terms": 2, "max_terms": 3, "max_digits": 1},
+             "products": {"max_digits": 1},
+             "simple_equations": {"min_terms": 2, "max_terms": 2, "max_value": 10, "operators": ["+", "-"],
+                                  "operators_weights": [0.5, 0.5]},
+             "number_sorting": {"min_numbers": 3, "max_numbers": 3, "max_decimals": 0, "min_value": 0,
+                                "max_value": 20},
+             "spell_backward": {"min_word_len": 3, "max_word_len": 4}},
+}
 
 
 def gem_corpus(n_fortunes: int, n_austen: int, n_synth: int, seed: int = 0) -> list[dict]:
@@ -272,12 +288,12 @@ def all_gem_gates(summary: list[dict], k: int) -> dict:
     return out
 
 
-def shift_pool(per_gen: int, seed: int = 0) -> list[dict]:
-    import reasoning_gym
+def shift_pool(per_gen: int, seed: int = 0, difficulty: str = "default") -> list[dict]:
+    from llmtool.train.rl_data import rg_dataset
 
     rows = []
     for g in GENERATORS:
-        ds = reasoning_gym.create_dataset(g, size=per_gen, seed=seed)
+        ds = rg_dataset(g, per_gen, seed, POOL_CONFIGS[difficulty].get(g))
         rows += [{"id": f"{g}-{i}", "prompt": ds[i]["question"], "answer": str(ds[i]["answer"]), "generator": g}
                  for i in range(per_gen)]
     return rows

@@ -37,7 +37,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
-from select_data import GENERATORS, shift_pool  # noqa: E402
+from select_data import GENERATORS, POOL_CONFIGS, shift_pool  # noqa: E402
 from train_grpo import _greedy_eval, _run_jobs, _train_once, cached_sft, paired_vs_base  # noqa: E402
 
 RESULTS = ROOT / "benchmarks" / "results"
@@ -47,25 +47,38 @@ from benchmarks.gates import render  # noqa: E402
 PROTOCOL = ("model", "pool_per_gen", "budget", "feature_tokens", "steps", "group_size", "prompts",
             "updates", "micro_batch", "lr", "max_new_tokens", "gen_batch", "test_per_gen", "transfer",
             "warmup_steps", "warmup_lr", "warmup_per_gen")
+# recorded only when they differ from these defaults (the committed runs files stay reusable)
+OPTIONAL = {"difficulty": "default"}
 DEFAULT_SELECTORS = ("shift,random,kmeans-centres,kcenter,minilm-coreset,rirs-topk,question-ppl,answer-ppl,"
                      "entropy,sc-entropy")
 
 
-def pool_rows(per_gen: int) -> list[dict]:
-    """The SHIFT pool as GRPO rows: the same questions as select_data.shift_pool (same generator, size and
-    seed), each with the rl_data verifier fields and its generator (for reporting only)."""
+def run_protocol(a, checksum: str) -> dict:
+    """The settings that name a run in the runs file; an OPTIONAL key only when it is not its default."""
+    return {**{k: getattr(a, k) for k in PROTOCOL}, "start_checksum": checksum,
+            **{k: getattr(a, k) for k, d in OPTIONAL.items() if getattr(a, k, d) != d}}
+
+
+def gen_rows(per_gen: int, seed: int, difficulty: str) -> list[dict]:
+    """``per_gen`` GRPO rows of each generator at ``difficulty`` (select_data.POOL_CONFIGS), with the rl_data
+    verifier fields and the generator's name (for reporting only)."""
     from llmtool.train import rl_data
 
-    rows = []
-    for g in GENERATORS:
-        rows += [dict(r, generator=g) for r in rl_data.make_reasoning_gym(g, per_gen, seed=0)]
-    return rows
+    cfg = POOL_CONFIGS[difficulty]
+    return [dict(r, generator=g) for g in GENERATORS
+            for r in rl_data.make_reasoning_gym(g, per_gen, seed=seed, config=cfg.get(g))]
 
 
-def test_rows(per_gen: int, transfer: int) -> tuple[list[dict], list[dict]]:
+def pool_rows(per_gen: int, difficulty: str = "default") -> list[dict]:
+    """The SHIFT pool as GRPO rows: the same questions as select_data.shift_pool (same generators, size, seed
+    and difficulty)."""
+    return gen_rows(per_gen, 0, difficulty)
+
+
+def test_rows(per_gen: int, transfer: int, difficulty: str = "default") -> tuple[list[dict], list[dict]]:
     from llmtool.train import rl_data
 
-    ind = [dict(r, generator=g) for g in GENERATORS for r in rl_data.make_reasoning_gym(g, per_gen, seed=1000)]
+    ind = gen_rows(per_gen, 1000, difficulty)
     tr = rl_data.make_reasoning_gym("gsm_symbolic", transfer, seed=1000) if transfer else []
     return ind, tr
 
@@ -76,14 +89,14 @@ def start_policy(a) -> tuple[str, str]:
     if a.warmup_steps <= 0:
         return a.model, "none"
     from llmtool.core.lm import chat_prompt
-    from llmtool.train import rl_data
 
     def make_rows(tok):
-        rows = [r for g in GENERATORS for r in rl_data.make_reasoning_gym(g, a.warmup_per_gen, seed=500)]
+        rows = gen_rows(a.warmup_per_gen, 500, a.difficulty)
         return [{"prompt": chat_prompt(tok, r["prompt"]), "completion": r["answer"]} for r in rows]
 
-    return cached_sft(a.model, [a.warmup_steps, a.warmup_lr, a.warmup_per_gen, "rg7"], make_rows, a.warmup_steps,
-                      a.warmup_lr, a.threads * a.workers, "shift-rl", max_length=256)
+    key = [a.warmup_steps, a.warmup_lr, a.warmup_per_gen, "rg7"] + ([a.difficulty] if a.difficulty != "default" else [])
+    return cached_sft(a.model, key, make_rows, a.warmup_steps, a.warmup_lr, a.threads * a.workers, "shift-rl",
+                      max_length=256)
 
 
 def selection_features(a, policy: str, checksum: str) -> dict:
@@ -94,14 +107,15 @@ def selection_features(a, policy: str, checksum: str) -> dict:
     from llmtool.select_data.corpora import embed_minilm
 
     key = hashlib.sha256(json.dumps([checksum, policy if checksum == "none" else "", a.pool_per_gen,
-                                     a.feature_tokens, a.sc_samples]).encode()).hexdigest()[:12]
+                                     a.feature_tokens, a.sc_samples]
+                                    + ([a.difficulty] if a.difficulty != "default" else [])).encode()).hexdigest()[:12]
     path = Path(tempfile.gettempdir()) / f"llmtool-bench-shift-rl-feats-{key}.npz"
     if path.is_file():
         return dict(np.load(path))
     import torch
 
     torch.set_num_threads(max(1, a.threads * a.workers))
-    prompts = [r["prompt"] for r in shift_pool(a.pool_per_gen)]  # the raw questions, as bench_shift reads them
+    prompts = [r["prompt"] for r in shift_pool(a.pool_per_gen, difficulty=a.difficulty)]  # the raw questions, as bench_shift reads them
     model, tok = load_model(policy), load_tokenizer(policy)
     t = time.time()
     feats = F.extract(model, tok, prompts, max_new_tokens=a.feature_tokens, batch_size=8)["features"]
@@ -138,8 +152,9 @@ def _job(job: dict) -> dict:
     a = argparse.Namespace(**job["a"])
     torch.set_num_threads(a.threads)
     tok, model = load_tokenizer(job["policy"]), load_model(job["policy"])
-    pool = pool_rows(a.pool_per_gen)
-    ind, tr = test_rows(a.test_per_gen, a.transfer)
+    a.difficulty = getattr(a, "difficulty", "default")
+    pool = pool_rows(a.pool_per_gen, a.difficulty)
+    ind, tr = test_rows(a.test_per_gen, a.transfer, a.difficulty)
     t = time.time()
     hist = []
     if job["arm"] != "base":
@@ -152,6 +167,8 @@ def _job(job: dict) -> dict:
            "in_domain": _greedy_eval(model, tok, ind, a), "transfer": _greedy_eval(model, tok, tr, a) if tr else None,
            "train_reward": [float(h["reward_mean"]) for h in hist if "reward_mean" in h],
            "zero_variance_groups": [float(h["zero_std_groups"]) for h in hist if "zero_std_groups" in h],
+           # share of the training rollouts cut at --max-new-tokens (the end anchor is then not the answer's end)
+           "truncated": [float(h["truncated"]) for h in hist if "truncated" in h],
            "seconds": time.time() - t}
     return out
 
@@ -188,7 +205,9 @@ def summarise(done: dict, arms: list[str], seeds: int, gens: list[str], draws: i
             "per_seed_in_domain": ind, "train_seconds": float(np.mean([r["seconds"] for r in runs])),
             # GRPO learns only from groups whose G rewards differ; the share of such groups over all phases
             "groups_with_variance": float(1 - np.mean([z for r in runs for z in r["zero_variance_groups"]])),
-            "train_reward": float(np.mean([x for r in runs for x in r["train_reward"]]))}
+            "train_reward": float(np.mean([x for r in runs for x in r["train_reward"]])),
+            "truncated": (float(np.mean([x for r in runs for x in r["truncated"]]))
+                          if all(r.get("truncated") for r in runs) else None)}
     if "random" in per_item:
         for arm in arms:
             if arm != "random":
@@ -231,7 +250,8 @@ def plot(res: dict, path: Path) -> str | None:
 def markdown(res: dict) -> str:
     st = res["settings"]
     lines = ["# SHIFT with RL", "", f"Command: `{res['command']}`", "",
-             f"Pool {7 * st['pool_per_gen']} prompts (7 reasoning-gym generators), budget {st['budget']}; GRPO "
+             f"Pool {7 * st['pool_per_gen']} prompts (7 reasoning-gym generators, "
+             f"{st.get('difficulty', 'default')} difficulty: `select_data.POOL_CONFIGS`), budget {st['budget']}; GRPO "
              f"{st['steps']} phases × {st['prompts']} prompts × G = {st['group_size']}, lr {st['lr']}, "
              f"{st['updates']} updates/phase, ≤ {st['max_new_tokens']} new tokens, ground-truth reward; "
              f"{res['seeds']} seed(s). Starting policy: "
@@ -256,7 +276,8 @@ def markdown(res: dict) -> str:
              "Δ vs base [95 % CI]": f"{e['delta_vs_base']:+.3f} [{e['delta_vs_base_ci95'][0]:+.3f}, "
                                     f"{e['delta_vs_base_ci95'][1]:+.3f}]",
              "generators covered": e["generators_covered"],
-             "train reward": round(e["train_reward"], 3), "groups with reward variance": round(e["groups_with_variance"], 3)}
+             "train reward": round(e["train_reward"], 3), "groups with reward variance": round(e["groups_with_variance"], 3),
+             "rollouts truncated": "" if e.get("truncated") is None else round(e["truncated"], 3)}
         if "minus_random" in e:
             lo, hi = e["minus_random_ci95"]
             r["− random [95 % CI]"] = f"{e['minus_random']:+.3f} [{lo:+.3f}, {hi:+.3f}]"
@@ -303,7 +324,13 @@ def main() -> None:
     ap.add_argument("--marker", default="=", help="tracked marker (reported by the shared evaluation)")
     ap.add_argument("--workers", type=int, default=1)
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--difficulty", default="default", choices=sorted(POOL_CONFIGS),
+                    help="the pool's generator configurations (select_data.POOL_CONFIGS; 'easy' is the calibrated pool)")
+    ap.add_argument("--tag", default="select_data_rl", help="results stem: benchmarks/results/TAG.{json,md,png} and "
+                                                           "TAG.runs.jsonl")
     a = ap.parse_args()
+    if not a.tag or "/" in a.tag:
+        raise SystemExit("--tag: a file stem without '/'")
     from llmtool.core.runlog import RunLog
     from llmtool.select_data.methods import SELECTORS
 
@@ -315,8 +342,8 @@ def main() -> None:
     policy, checksum = start_policy(a)
     feats = selection_features(a, policy, checksum)
     n = 7 * a.pool_per_gen
-    protocol = {**{k: getattr(a, k) for k in PROTOCOL}, "start_checksum": checksum}
-    log = RunLog(RESULTS / "select_data_rl.runs.jsonl", protocol, lambda r: (r["arm"], r["seed"]))
+    protocol = run_protocol(a, checksum)
+    log = RunLog(RESULTS / f"{a.tag}.runs.jsonl", protocol, lambda r: (r["arm"], r["seed"]))
     done = log.done()
     jobs = [{"arm": "base", "seed": 0, "ids": []}] + [
         {"arm": x, "seed": s, "ids": pick(x, s, feats, a.budget, n)} for s in range(a.seeds) for x in arms]
@@ -331,14 +358,14 @@ def main() -> None:
               f"({r['seconds']:.0f} s)", flush=True)
 
     _run_jobs(_job, todo, a.workers, keep)
-    ind, tr = test_rows(a.test_per_gen, a.transfer)
+    ind, tr = test_rows(a.test_per_gen, a.transfer, a.difficulty)
     res = summarise(done, arms, a.seeds, [r["generator"] for r in ind])
     res.update(settings=protocol, seeds=a.seeds, start_checksum=checksum, n_in_domain=len(ind), n_transfer=len(tr),
                command=shlex.join(["benchmarks/select_data_rl.py", *sys.argv[1:]]), runs_file=log.path.name)
-    res["plot"] = plot(res, RESULTS / "select_data_rl.png")
-    (RESULTS / "select_data_rl.json").write_text(json.dumps(res, indent=2, default=float))
+    res["plot"] = plot(res, RESULTS / f"{a.tag}.png")
+    (RESULTS / f"{a.tag}.json").write_text(json.dumps(res, indent=2, default=float))
     md = markdown(res)
-    (RESULTS / "select_data_rl.md").write_text(md)
+    (RESULTS / f"{a.tag}.md").write_text(md)
     print(md)
 
 

@@ -131,20 +131,33 @@ def make_sum_two(n: int, seed: int = 0, lo: int = 6, hi: int = 20) -> list[dict]
     return rows
 
 
-def make_reasoning_gym(name: str, n: int, seed: int = 0) -> list[dict]:
+def rg_dataset(name: str, n: int, seed: int, config: dict | None):
+    """A reasoning-gym dataset; ``config`` holds the generator's difficulty fields (lists stand for tuples, as
+    they come back from JSON)."""
+    import reasoning_gym
+
+    kw = {k: tuple(v) if isinstance(v, list) else v for k, v in (config or {}).items()}
+    return reasoning_gym.create_dataset(name, size=n, seed=seed, **kw)
+
+
+def make_reasoning_gym(name: str, n: int, seed: int = 0, config: dict | None = None) -> list[dict]:
+    """``n`` prompts of the reasoning-gym generator ``name`` with its verifier fields; ``config`` sets the
+    generator's difficulty (e.g. ``{"max_terms": 3, "max_digits": 1}`` for ``chain_sum``) and travels with each
+    row, so the verifier rebuilds the same items."""
     try:
-        import reasoning_gym
+        import reasoning_gym  # noqa: F401
     except ImportError:
         raise UsageError("task rg:NAME needs the optional package reasoning-gym (pip install reasoning-gym)") from None
     try:
-        ds = reasoning_gym.create_dataset(name, size=n, seed=seed)
-    except Exception as e:  # unknown generator names raise various errors
+        ds = rg_dataset(name, n, seed, config)
+    except Exception as e:  # unknown generator names and config fields raise various errors
         raise UsageError(f"reasoning-gym task {name!r}: {e}") from None
+    extra = {"rg_config": dict(config)} if config else {}
     rows = []
     for i, item in enumerate(ds):
         rows.append({"prompt": item["question"] + "\nGive only the final answer on the last line.",
                      "answer": str(item["answer"]), "task": f"rg:{name}", "rg_index": i, "rg_seed": seed,
-                     "rg_size": n, "id": f"rg-{name}-{seed}-{i}"})
+                     "rg_size": n, "id": f"rg-{name}-{seed}-{i}", **extra})
     return rows
 
 
@@ -152,12 +165,10 @@ _RG_CACHE: dict = {}
 
 
 def _rg_score(row: dict, ans: str) -> float:
-    import reasoning_gym
-
-    name = row["task"][3:]
-    key = (name, row.get("rg_size"), row.get("rg_seed"))
+    name, config = row["task"][3:], row.get("rg_config")
+    key = (name, row.get("rg_size"), row.get("rg_seed"), json.dumps(config, sort_keys=True))
     if key not in _RG_CACHE:
-        _RG_CACHE[key] = reasoning_gym.create_dataset(name, size=row["rg_size"], seed=row["rg_seed"])
+        _RG_CACHE[key] = rg_dataset(name, row["rg_size"], row["rg_seed"], config)
     ds = _RG_CACHE[key]
     return float(ds.score_answer(ans, ds[row["rg_index"]]))
 

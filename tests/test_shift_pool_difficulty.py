@@ -1,0 +1,75 @@
+"""The SHIFT-with-RL pool's difficulty (issue 42's calibrated pool): reasoning-gym rows made with a generator
+configuration are verified against that configuration, the benchmark's GRPO pool is the selection features' pool
+item for item, and the default difficulty keeps the committed runs' protocol."""
+from __future__ import annotations
+
+import argparse
+import json
+import re
+
+import pytest
+from conftest import load_benchmark
+
+pytest.importorskip("reasoning_gym")
+
+from llmtool.train import rl_data  # noqa: E402
+
+EASY_SUM = {"min_terms": 2, "max_terms": 2, "max_digits": 1, "operators": ["+", "-"],
+            "allow_parentheses": False, "allow_negation": False}
+
+
+def test_config_rows_are_verified_against_their_config():
+    rows = rl_data.make_reasoning_gym("basic_arithmetic", 20, seed=3, config=EASY_SUM)
+    rows = [json.loads(json.dumps(r)) for r in rows]  # as read back from a JSONL file: tuples became lists
+    assert all(r["rg_config"] == EASY_SUM for r in rows)
+    assert all(rl_data.is_correct(r, f"work\n{r['answer']}") for r in rows)
+    assert not any(rl_data.is_correct(r, f"{r['answer']}1") for r in rows)
+    # two operands of "one digit" (reasoning-gym draws 0..10): |answer| <= 20
+    assert all(abs(int(r["answer"])) <= 20 for r in rows)
+    # the verifier needs the config: the same index of the default generator is another problem
+    plain = [{k: v for k, v in r.items() if k != "rg_config"} for r in rows]
+    assert sum(rl_data.is_correct(p, r["answer"]) for p, r in zip(plain, rows)) < len(rows) // 2
+
+
+def test_bad_config_field_is_a_usage_error():
+    from llmtool.core.console import UsageError
+
+    with pytest.raises(UsageError, match="basic_arithmetic"):
+        rl_data.make_reasoning_gym("basic_arithmetic", 2, config={"no_such_field": 1})
+
+
+@pytest.mark.parametrize("difficulty", ["default", "easy"])
+def test_grpo_pool_is_the_feature_pool(difficulty):
+    sd = load_benchmark("select_data")
+    rl = load_benchmark("select_data_rl")
+    feats_pool = sd.shift_pool(4, difficulty=difficulty)
+    grpo_pool = rl.pool_rows(4, difficulty)
+    suffix = "\nGive only the final answer on the last line."
+    assert [r["prompt"] + suffix for r in feats_pool] == [r["prompt"] for r in grpo_pool]
+    assert [r["generator"] for r in feats_pool] == [r["generator"] for r in grpo_pool]
+
+
+def test_easy_pool_is_easier_and_its_test_set_another_seed():
+    rl = load_benchmark("select_data_rl")
+    easy, default = rl.pool_rows(10, "easy"), rl.pool_rows(10, "default")
+    ints = [abs(int(r["answer"])) for r in easy if r["generator"] in ("basic_arithmetic", "products")]
+    assert max(ints) <= 100
+    big = [abs(int(r["answer"])) for r in default if r["generator"] in ("basic_arithmetic", "products")]
+    assert max(big) > 1000
+    words = [r for r in easy if r["generator"] == "spell_backward"]
+    assert all(3 <= len(re.sub(r"\W", "", r["answer"])) <= 4 for r in words)
+    test, _ = rl.test_rows(10, 0, "easy")
+    assert all(r.get("rg_config") == rl.POOL_CONFIGS["easy"].get(r["generator"]) for r in test if "rg_config" in r)
+    assert all(r["rg_seed"] == 1000 for r in test) and all(r["rg_seed"] == 0 for r in easy)
+
+
+def test_default_difficulty_keeps_the_committed_protocol():
+    rl = load_benchmark("select_data_rl")
+    base = {k: 1 for k in rl.PROTOCOL}
+    default = rl.run_protocol(argparse.Namespace(**base, difficulty="default"), "abc")
+    assert "difficulty" not in default and default["start_checksum"] == "abc"
+    easy = rl.run_protocol(argparse.Namespace(**base, difficulty="easy"), "abc")
+    assert easy["difficulty"] == "easy"
+    # the committed runs file's protocol keys are exactly the default protocol's
+    rec = json.loads((rl.RESULTS / "select_data_rl.runs.jsonl").read_text().splitlines()[0])
+    assert set(rec["protocol"]) == set(default)
