@@ -174,6 +174,8 @@ def _run(ds, proposer, a, out_dir: Path) -> dict:
     out_dir.mkdir(parents=True, exist_ok=True)
     s = run_llmpv(ds, proposer, LLMPVConfig(samples=a.k, early_stop=False, timeout_s=5.0, seed=a.seed), out_dir)
     s["raw_proposals"] = raw_proposals(out_dir / "candidates.jsonl")
+    sel = out_dir / "selected.py"  # the selected program's source, so a val-1.0 result can be read, not only counted
+    s["selected_code"] = sel.read_text(encoding="utf-8") if sel.is_file() else None
     return s
 
 
@@ -189,7 +191,7 @@ def raw_proposals(path: Path, n: int = RAW_KEPT) -> list[dict]:
 
 
 KEYS = ("outcomes", "parse_rate", "compile_rate", "best_val", "train_acc", "test_acc", "k_used", "proposals_per_s",
-        "sandbox_executions_per_s", "tokens", "seconds", "raw_proposals")
+        "sandbox_executions_per_s", "tokens", "seconds", "raw_proposals", "selected_code")
 
 
 def part_proposer(a, log, work: Path) -> dict:
@@ -240,7 +242,7 @@ def part_sanity(a, log, work: Path) -> dict:
     from llmtool.learn_program.tasks import read_dataset, write_dataset
 
     prop, rows = _proposer(a), []
-    for rule in SANITY_RULES:
+    for rule in _task_list(a.sanity_rules, SANITY_RULES) if a.sanity_rules else SANITY_RULES:
         d = work / "sanity-data" / rule
         d.mkdir(parents=True, exist_ok=True)
         write_dataset(sanity_dataset(rule, a.seed), d)  # the user-data path: written, then read back
@@ -499,6 +501,10 @@ def write_md(res: dict, path: Path) -> None:
             for r in p["rows"]) + ". Predictions must be 0/1 (bool, int or '0'/'1'/'true'/'false'); any other "
             "output counts as wrong for that input, stricter than the official runner, which maps any non-empty "
             "non-numeric output to 1."]
+        perfect = [r for r in p["rows"] if (r.get("best_val") or 0) >= 1.0 and r.get("selected_code")]
+        if perfect:
+            L += ["", "Selected programs with val 1.0: " + "; ".join(
+                f"{r.get('task') or r.get('rule')}: `{' '.join(r['selected_code'].split())}`" for r in perfect) + "."]
         if part == "sanity":
             L += ["", f"pass@{p['k']} over the four rules: {p['pass_at_k']:.2f} (95 % CI {p['pass_at_k_ci95']}); "
                   f"gate 'val 1.0 => selected test >= 0.99': {render(sanity_gate_of(p))} "
@@ -604,6 +610,8 @@ def main(argv=None) -> dict:
     ap.add_argument("--proposer-tasks", default="", help="proposer part: these tasks (comma list, or 'all' for the "
                     "13; default parity_all,patternmatch1,palindrome,prime_decimal); the JSON keeps the other "
                     "tasks' rows")
+    ap.add_argument("--sanity-rules", default="", help="sanity part: these rules (comma list of "
+                    f"{', '.join(SANITY_RULES)}; default all four); the JSON keeps the other rules' rows")
     ap.add_argument("--out", default=None, help="results stem (default benchmarks/results/learn_program, or "
                     "learn_program-<model> when --model is not smollm2-135m)")
     a = ap.parse_args(argv)
@@ -657,11 +665,19 @@ def main(argv=None) -> dict:
             res = load()
             old = res.get(part)
             merged = bool(old) and ((part == "classical" and a.tasks) or part == "icl"
-                                    or (part == "proposer" and bool(a.proposer_tasks)))
+                                    or (part == "proposer" and bool(a.proposer_tasks))
+                                    or (part == "sanity" and bool(a.sanity_rules)))
             if merged and part == "classical":
                 covers_primes = all(t in a.tasks.split(",") for t in PRIME_TASKS)
                 value = {**old, "prime_test": a.prime_test if covers_primes else old.get("prime_test", 2_000),
                          "rows": merge_rows(old["rows"], value["rows"], keys=("task", "method", "seed"))}
+            elif merged and part == "sanity":  # the suite's summary is recomputed over the merged rules
+                rows = merge_rows(old["rows"], value["rows"], keys=("rule",))
+                rows.sort(key=lambda r: list(SANITY_RULES).index(r["rule"]))
+                hits = sum(bool(r["pass_at_k"]) for r in rows)
+                value.update(rows=rows, k=min(r.get("k", a.k) for r in rows), pass_at_k=hits / len(rows),
+                             pass_at_k_ci95=wilson(hits, len(rows)), n_val_perfect=hits)
+                value["gate_val1_implies_test_ge_0.99"] = sanity_gate(rows)
             elif merged:
                 value["rows"] = merge_rows(old["rows"], value["rows"])
                 if part == "proposer":  # the part's k is the smallest of its rows' (older rows lack their own)

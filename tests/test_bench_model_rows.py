@@ -110,3 +110,31 @@ def test_bench_agent_rerun_commands_name_another_model(tmp_path, monkeypatch):
     assert cmds and all("--model qwen2.5-coder-0.5b" in c for c in cmds)
     ba.main(["--only", "uh-model", "--work", str(tmp_path / "w")])
     assert all("--model" not in c for c in json.loads((tmp_path / "bench_agent.json").read_text())["uh_model_commands"])
+
+
+def test_learn_program_sanity_rerun_of_one_rule_keeps_the_others_and_stores_the_program(tmp_path, monkeypatch):
+    """``--sanity-rules`` reruns some rules and keeps the stored rows of the others (the suite's pass@k and gate
+    are recomputed over the merged rows); a selected program's source is kept in its row and printed when it
+    reached val 1.0, so a success can be read from the results."""
+    from llmtool.learn_program.proposers import MockProposer
+
+    lp = _bench("learn_program")
+    monkeypatch.setattr(lp, "_proposer", lambda a: MockProposer("first-bit"))
+    stem = tmp_path / "lp"
+    old = [{"rule": r, "k": 64, "pass_at_k": False, "best_val": 0.5, "test_acc": 0.5, "parse_rate": 0.6,
+            "compile_rate": 0.5, "train_acc": 0.5, "proposals_per_s": 0.1, "sandbox_executions_per_s": 1000,
+            "outcomes": {}} for r in lp.SANITY_RULES]
+    (tmp_path / "lp.json").write_text(json.dumps({"sanity": {"model": "m", "k": 64, "rows": old, "pass_at_k": 0.0},
+                                                  "part_commands": {"sanity": ["first"]}}))
+    res = lp.main(["--parts", "sanity", "--sanity-rules", "first_bit_1", "--k", "2", "--out", str(stem)])
+    s = res["sanity"]
+    assert [r["rule"] for r in s["rows"]] == list(lp.SANITY_RULES)  # merged, in the suite's order
+    new = s["rows"][0]
+    assert new["rule"] == "first_bit_1" and new["pass_at_k"] and new["test_acc"] == 1.0 and new["k"] == 2
+    assert "x[0] == '1'" in new["selected_code"]
+    assert all(r["best_val"] == 0.5 for r in s["rows"][1:])  # the kept rows
+    assert s["n_val_perfect"] == 1 and s["pass_at_k"] == 0.25 and s["k"] == 2
+    assert s["gate_val1_implies_test_ge_0.99"]["verdict"] == gates.MET
+    assert len(res["part_commands"]["sanity"]) == 2
+    md = (tmp_path / "lp.md").read_text()
+    assert "Selected programs with val 1.0: first_bit_1: `def f(x): return x[0] == '1'`" in md
