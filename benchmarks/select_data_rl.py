@@ -14,9 +14,12 @@ full-pool run, then greedy pass@1 on ``--test-per-gen`` x 7 in-domain prompts (a
 generators) and ``--transfer`` gsm_symbolic prompts. Runs are appended to
 ``benchmarks/results/select_data_rl.runs.jsonl`` and reused by any later command with the same protocol.
 
+``--difficulty easy`` (issue 42's calibration) draws the pool, the warm start's prompts and the test set from
+``select_data.POOL_CONFIGS["easy"]`` (one-digit operands, short words) instead of reasoning-gym's defaults.
+
 The issue's gate comes first: full-pool GRPO must beat the starting policy by >= 5 points in-domain (paired,
 seeds pooled); when it does not, the report says the selector comparison is uninformative at this scale.
-Writes benchmarks/results/select_data_rl.{json,md,png}.
+Writes benchmarks/results/TAG.{json,md,png} and TAG.runs.jsonl (``--tag``, default select_data_rl).
 """
 from __future__ import annotations
 
