@@ -253,10 +253,8 @@ def part_sanity(a, log, work: Path) -> dict:
                      "pass_at_k": hit,
                      **{k: s.get(k) for k in KEYS}})
         log(f"sanity: {rule}: best val {s['best_val']} test {s['test_acc']}")
-    hits = sum(r["pass_at_k"] for r in rows)
     return {"model": a.model, "k": a.k, "max_new_tokens": a.max_new_tokens, "dtype": a.dtype or "checkpoint",
-            "rows": rows, "pass_at_k": hits / len(rows), "pass_at_k_ci95": wilson(hits, len(rows)),
-            "gate_val1_implies_test_ge_0.99": sanity_gate(rows), "n_val_perfect": sum(r["pass_at_k"] for r in rows)}
+            "rows": rows, **proposer_summary(rows)}
 
 
 def sanity_gate(rows: list[dict]) -> dict:
@@ -269,8 +267,8 @@ def sanity_gate(rows: list[dict]) -> dict:
 
 
 def proposer_summary(rows: list[dict]) -> dict:
-    """pass@k over the proposer part's tasks (a proposal reaching val 1.0), its Wilson interval, and the gate
-    "val 1.0 => selected test >= 0.99" over those tasks."""
+    """pass@k over the proposer part's tasks or the sanity part's rules (a proposal reaching val 1.0), its Wilson
+    interval, and the gate "val 1.0 => selected test >= 0.99" over them."""
     marked = [{**r, "pass_at_k": (r.get("best_val") or 0) >= 1.0} for r in rows]
     hits = sum(r["pass_at_k"] for r in marked)
     return {"pass_at_k": hits / len(rows) if rows else None, "pass_at_k_ci95": wilson(hits, len(rows)),
@@ -671,18 +669,14 @@ def main(argv=None) -> dict:
                 covers_primes = all(t in a.tasks.split(",") for t in PRIME_TASKS)
                 value = {**old, "prime_test": a.prime_test if covers_primes else old.get("prime_test", 2_000),
                          "rows": merge_rows(old["rows"], value["rows"], keys=("task", "method", "seed"))}
-            elif merged and part == "sanity":  # the suite's summary is recomputed over the merged rules
-                rows = merge_rows(old["rows"], value["rows"], keys=("rule",))
-                rows.sort(key=lambda r: list(SANITY_RULES).index(r["rule"]))
-                hits = sum(bool(r["pass_at_k"]) for r in rows)
-                value.update(rows=rows, k=min(r.get("k", a.k) for r in rows), pass_at_k=hits / len(rows),
-                             pass_at_k_ci95=wilson(hits, len(rows)), n_val_perfect=hits)
-                value["gate_val1_implies_test_ge_0.99"] = sanity_gate(rows)
             elif merged:
-                value["rows"] = merge_rows(old["rows"], value["rows"])
-                if part == "proposer":  # the part's k is the smallest of its rows' (older rows lack their own)
+                value["rows"] = merge_rows(old["rows"], value["rows"], keys=("rule",) if part == "sanity" else
+                                           ("task", "method"))
+                if part == "sanity":  # the suite's order
+                    value["rows"].sort(key=lambda r: list(SANITY_RULES).index(r["rule"]))
+                if part in ("proposer", "sanity"):  # the part's k is the smallest of its rows' (older rows lack one)
                     value["k"] = min(r.get("k", old.get("k", a.k)) for r in value["rows"])
-            if part == "proposer":
+            if part in ("proposer", "sanity"):  # pass@k and the val-1.0 gate over the (merged) rows
                 value.update(proposer_summary(value["rows"]))
             res[part] = value
             res["model"] = a.model

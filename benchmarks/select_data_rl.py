@@ -62,6 +62,12 @@ def run_protocol(a, checksum: str) -> dict:
             **{k: getattr(a, k) for k, d in OPTIONAL.items() if getattr(a, k, d) != d}}
 
 
+def pool_key(a) -> list:
+    """The pool's part of a cache key: empty at the default difficulty, so the default pool's caches keep their
+    names."""
+    return [a.difficulty] if a.difficulty != OPTIONAL["difficulty"] else []
+
+
 def gen_rows(per_gen: int, seed: int, difficulty: str) -> list[dict]:
     """``per_gen`` GRPO rows of each generator at ``difficulty`` (select_data.POOL_CONFIGS), with the rl_data
     verifier fields and the generator's name (for reporting only)."""
@@ -97,7 +103,7 @@ def start_policy(a) -> tuple[str, str]:
         rows = gen_rows(a.warmup_per_gen, 500, a.difficulty)
         return [{"prompt": chat_prompt(tok, r["prompt"]), "completion": r["answer"]} for r in rows]
 
-    key = [a.warmup_steps, a.warmup_lr, a.warmup_per_gen, "rg7"] + ([a.difficulty] if a.difficulty != "default" else [])
+    key = [a.warmup_steps, a.warmup_lr, a.warmup_per_gen, "rg7", *pool_key(a)]
     return cached_sft(a.model, key, make_rows, a.warmup_steps, a.warmup_lr, a.threads * a.workers, "shift-rl",
                       max_length=256)
 
@@ -110,8 +116,7 @@ def selection_features(a, policy: str, checksum: str) -> dict:
     from llmtool.select_data.corpora import embed_minilm
 
     key = hashlib.sha256(json.dumps([checksum, policy if checksum == "none" else "", a.pool_per_gen,
-                                     a.feature_tokens, a.sc_samples]
-                                    + ([a.difficulty] if a.difficulty != "default" else [])).encode()).hexdigest()[:12]
+                                     a.feature_tokens, a.sc_samples, *pool_key(a)]).encode()).hexdigest()[:12]
     path = Path(tempfile.gettempdir()) / f"llmtool-bench-shift-rl-feats-{key}.npz"
     if path.is_file():
         return dict(np.load(path))
@@ -155,7 +160,6 @@ def _job(job: dict) -> dict:
     a = argparse.Namespace(**job["a"])
     torch.set_num_threads(a.threads)
     tok, model = load_tokenizer(job["policy"]), load_model(job["policy"])
-    a.difficulty = getattr(a, "difficulty", "default")
     pool = pool_rows(a.pool_per_gen, a.difficulty)
     ind, tr = test_rows(a.test_per_gen, a.transfer, a.difficulty)
     t = time.time()
@@ -333,7 +337,7 @@ def main() -> None:
                                                            "TAG.runs.jsonl")
     a = ap.parse_args()
     if not a.tag or "/" in a.tag:
-        raise SystemExit("--tag: a file stem without '/'")
+        ap.error("--tag: a file stem without '/'")
     from llmtool.core.runlog import RunLog
     from llmtool.select_data.methods import SELECTORS
 
