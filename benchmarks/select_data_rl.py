@@ -58,8 +58,9 @@ DEFAULT_SELECTORS = ("shift,random,kmeans-centres,kcenter,minilm-coreset,rirs-to
 
 def run_protocol(a, checksum: str) -> dict:
     """The settings that name a run in the runs file; an OPTIONAL key only when it is not its default."""
-    return {**{k: getattr(a, k) for k in PROTOCOL}, "start_checksum": checksum,
-            **{k: getattr(a, k) for k, d in OPTIONAL.items() if getattr(a, k, d) != d}}
+    from llmtool.core.runlog import protocol_of
+
+    return {**protocol_of(a, PROTOCOL, OPTIONAL), "start_checksum": checksum}
 
 
 def pool_key(a) -> list:

@@ -214,9 +214,9 @@ SPURIOUS_OPTIONAL = {"task": "arith", "train_layers": 0}
 
 
 def spurious_protocol(a) -> dict:
-    pr = {k: getattr(a, k) for k in SPURIOUS_PROTOCOL}
-    pr.update({k: getattr(a, k, d) for k, d in SPURIOUS_OPTIONAL.items() if getattr(a, k, d) != d})
-    return pr
+    from llmtool.core.runlog import protocol_of
+
+    return protocol_of(a, SPURIOUS_PROTOCOL, SPURIOUS_OPTIONAL)
 
 
 def train_last_layers(model, k: int) -> int:

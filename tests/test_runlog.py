@@ -21,3 +21,16 @@ def test_runs_are_kept_per_protocol_and_a_cut_line_is_redone(tmp_path):
     assert RunLog(path, {"steps": 10}, key).done() == {}
     log.append({"arm": "c", "seed": 0, "loss": [3.0]})          # the run redone after the crash is kept whole
     assert log.done()[("c", 0)] == {"arm": "c", "seed": 0, "loss": [3.0]}
+
+
+def test_protocol_of_records_an_optional_setting_only_away_from_its_default():
+    from argparse import Namespace
+
+    from llmtool.core.runlog import protocol_of
+
+    keys, optional = ("steps", "lr"), {"task": "arith", "layers": 0}
+    assert protocol_of(Namespace(steps=4, lr=0.1, task="arith", layers=0), keys, optional) == {"steps": 4, "lr": 0.1}
+    assert protocol_of(Namespace(steps=4, lr=0.1), keys, optional) == {"steps": 4, "lr": 0.1}  # older scripts
+    assert protocol_of(Namespace(steps=4, lr=0.1, task="mul", layers=0), keys, optional) == \
+        {"steps": 4, "lr": 0.1, "task": "mul"}
+    assert protocol_of(Namespace(steps=4, lr=0.1, task="arith", layers=2), keys) == {"steps": 4, "lr": 0.1}

@@ -14,6 +14,15 @@ from pathlib import Path
 from typing import Callable, Hashable
 
 
+def protocol_of(args, keys, optional: dict | None = None) -> dict:
+    """The protocol of ``args`` (an argparse namespace): every setting in ``keys``, plus each ``optional`` setting
+    whose value differs from its default there. A setting added to a benchmark later goes in ``optional`` with
+    the value every earlier run had, so runs files written before it existed keep matching."""
+    out = {k: getattr(args, k) for k in keys}
+    out.update({k: getattr(args, k, d) for k, d in (optional or {}).items() if getattr(args, k, d) != d})
+    return out
+
+
 class RunLog:
     """``RunLog(path, protocol, key)``: ``key(record)`` names a run (e.g. (arm, fault, seed)).
 
