@@ -254,7 +254,7 @@ def part_sanity(a, log, work: Path) -> dict:
                      **{k: s.get(k) for k in KEYS}})
         log(f"sanity: {rule}: best val {s['best_val']} test {s['test_acc']}")
     return {"model": a.model, "k": a.k, "max_new_tokens": a.max_new_tokens, "dtype": a.dtype or "checkpoint",
-            "rows": rows, **proposer_summary(rows)}
+            "rows": rows}  # pass@k and the gate: main adds them over the (merged) rows, as for the proposer part
 
 
 def sanity_gate(rows: list[dict]) -> dict:
