@@ -348,7 +348,8 @@ def main() -> None:
             raise SystemExit(f"--selectors: unknown selector {x!r} (choose from {', '.join(SELECTORS.names())})")
     arms = ([] if a.no_full else ["full"]) + sels
     policy, checksum = start_policy(a)
-    feats = selection_features(a, policy, checksum)
+    # the features cost minutes of rollouts and only the selectors read them (the full pool takes every prompt)
+    feats = selection_features(a, policy, checksum) if sels else {}
     n = 7 * a.pool_per_gen
     protocol = run_protocol(a, checksum)
     log = RunLog(RESULTS / f"{a.tag}.runs.jsonl", protocol, lambda r: (r["arm"], r["seed"]))
