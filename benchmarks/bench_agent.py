@@ -118,7 +118,7 @@ def oracle_examples(env_name: str, n_tasks: int, seed: int, tok, history: int, a
     """(prompt, completion) pairs from oracle episodes in the ORIGINAL interface only (``aliases``: the
     control's data — the same tasks and seeds, each episode under its own random alias names); prompts are
     the chat-templated, history-windowed messages the agent sees at evaluation time."""
-    from llmtool.bench_agent.agents import make_agent
+    from llmtool.bench_agent.agents import make_agent, render_prompt
     from llmtool.bench_agent.control import control_episodes
     from llmtool.bench_agent.envs import make_env
     from llmtool.bench_agent.harness import run_episode, window
@@ -133,7 +133,7 @@ def oracle_examples(env_name: str, n_tasks: int, seed: int, tok, history: int, a
         msgs = rec["conversation"]
         for k, m in enumerate(msgs):
             if m["role"] == "assistant":
-                prompt = tok.apply_chat_template(window(msgs[:k], history), add_generation_prompt=True, tokenize=False)
+                prompt = render_prompt(tok, window(msgs[:k], history))
                 ex.append({"prompt": prompt, "completion": m["content"]})
     return ex
 

@@ -366,6 +366,61 @@ def test_encode_examples_counts_cut_and_dropped_rows(tiny_lm):
     assert len(rows) == 1 and stats["cut"] == 1 and stats["dropped"] == 0 and len(rows[0]["input_ids"]) == n_all - 1
 
 
+def _bos_adding_tokenizer():
+    """The tiny tokenizer, made to start every text with BOS as Gemma's and Llama's do."""
+    from tokenizers import processors
+    from transformers import PreTrainedTokenizerFast
+
+    tk = build_tokenizer().backend_tokenizer
+    bos = tk.token_to_id("<|endoftext|>")
+    tk.post_processor = processors.TemplateProcessing(single="<|endoftext|> $A", pair="<|endoftext|> $A $B",
+                                                      special_tokens=[("<|endoftext|>", bos)])
+    tok = PreTrainedTokenizerFast(tokenizer_object=tk, eos_token="<|endoftext|>", bos_token="<|endoftext|>",
+                                  pad_token="<|endoftext|>", unk_token="<|endoftext|>")
+    assert tok("a")["input_ids"][0] == tok.bos_token_id
+    return tok
+
+
+def test_encode_examples_leads_with_bos_once_where_the_tokenizer_adds_one(tiny_lm):
+    """SFT rows start with BOS for a tokenizer that starts every text with it (Gemma), exactly once when the
+    prompt already carries it (a chat template's ``<bos>``), and never for one that adds none (SmolLM2)."""
+    from llmtool.core.trainer import encode_examples
+
+    _, plain = tiny_lm
+    tok = _bos_adding_tokenizer()
+    bos = tok.bos_token_id
+    ex = {"prompt": "The capital of France is", "completion": " Paris."}
+    body = tok(ex["prompt"], add_special_tokens=False)["input_ids"]
+    row = encode_examples(tok, [ex], 64)[0]
+    assert row["input_ids"][:len(body) + 1] == [bos, *body] and row["labels"][:len(body) + 1] == [-100] * (len(body) + 1)
+    templated = encode_examples(tok, [{**ex, "prompt": "<|endoftext|>" + ex["prompt"]}], 64)[0]
+    assert templated["input_ids"] == row["input_ids"]                   # no second BOS
+    text = encode_examples(tok, [{"text": ex["prompt"]}], 64)[0]
+    assert text["input_ids"] == [bos, *body, tok.eos_token_id]
+    assert encode_examples(plain, [ex], 64)[0]["input_ids"][:len(body)] == plain(ex["prompt"], add_special_tokens=False)["input_ids"]
+
+
+def test_hf_agent_prompts_lead_with_bos_without_a_chat_template(tiny_llama_dir):
+    """A base model without a chat template (Gemma 3 270M) is prompted with ``role: content`` lines led by its
+    BOS, and the SFT examples the agent benchmark builds render the same text."""
+    from llmtool.bench_agent.agents import HFAgent, prompt_ids, render_prompt
+    from llmtool.core.trainer import encode_examples
+
+    tok = _bos_adding_tokenizer()
+    assert not getattr(tok, "chat_template", None)
+    model = build_tiny_llama(len(tok), seed=1)
+    agent = HFAgent(str(tiny_llama_dir), model=model, tokenizer=tok, max_new_tokens=3, stop=())
+    msgs = [{"role": "system", "content": "You walk."}, {"role": "user", "content": "Position 1."}]
+    text = render_prompt(tok, msgs)
+    assert text == "system: You walk.\nuser: Position 1.\nassistant:"
+    ids = agent.render(msgs)
+    assert ids == [tok.bos_token_id, *tok(text, add_special_tokens=False)["input_ids"]] == prompt_ids(tok, text)
+    row = encode_examples(tok, [{"prompt": text, "completion": " Action: move_north"}], 128)[0]
+    assert row["input_ids"][:len(ids)] == ids                           # training sees what inference feeds
+    plain = build_tokenizer()
+    assert prompt_ids(plain, text) == plain(text, add_special_tokens=False)["input_ids"]
+
+
 # ----------------------------------------------------------------------------------------- defects
 def test_json_accepted_after_evaluate_ppl(tiny_llama_dir, tiny_text_file):
     from conftest import run_cli

@@ -103,6 +103,26 @@ class ScriptAgent(Agent):
         return Turn(text, {"prompt": _n_tokens(messages), "completion": len(text) // 4 + 1})
 
 
+def render_prompt(tok, messages) -> str:
+    """The text an ``hf:`` agent is prompted with: the chat template with the generation prompt, or, for a
+    tokenizer without one (base models such as Gemma 3 270M), ``role: content`` lines ending in
+    ``assistant:``. SFT examples for an agent are rendered here too, so training and evaluation agree."""
+    if getattr(tok, "chat_template", None):
+        return tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+    return "".join(f"{m['role']}: {m['content']}\n" for m in messages) + "assistant:"
+
+
+def prompt_ids(tok, text: str) -> list[int]:
+    """``text``'s ids, with the tokenizer's BOS first when it starts every text with one
+    (:func:`llmtool.core.data.scoring_bos`) and the text does not already begin with it (chat templates
+    such as Gemma's and Llama 3's write it themselves)."""
+    from llmtool.core.data import scoring_bos
+
+    ids = tok(text, add_special_tokens=False)["input_ids"]
+    bos = scoring_bos(tok)
+    return [bos, *ids] if bos is not None and (not ids or ids[0] != bos) else ids
+
+
 @AGENTS.register("hf")
 class HFAgent(Agent):
     """In-process transformers agent. ``protocol="tools"`` writes the JSON tool schemas into the system
@@ -133,11 +153,9 @@ class HFAgent(Agent):
         self.reused_tokens = 0
 
     def render(self, messages) -> list[int]:
-        if getattr(self.tok, "chat_template", None):
-            text = self.tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
-        else:
-            text = "".join(f"{m['role']}: {m['content']}\n" for m in messages) + "assistant:"
-        return self.tok(text, add_special_tokens=False)["input_ids"]
+        """The prompt's token ids: :func:`render_prompt`'s text, led by BOS where the tokenizer starts every
+        text with one (Gemma base has no chat template, and without its BOS it is another model)."""
+        return prompt_ids(self.tok, render_prompt(self.tok, messages))
 
     def reset(self) -> None:
         self._fed, self._cache = [], None

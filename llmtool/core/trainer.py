@@ -92,12 +92,23 @@ class _Examples(torch.utils.data.Dataset):
 
 def encode_examples(tokenizer, examples: Sequence[dict], max_length: int, stats: dict | None = None) -> list[dict]:
     """Token ids and labels (-100 on prompt tokens) for ``{"prompt", "completion"}`` or ``{"text"}`` rows.
-    The end-of-sequence token is appended to completions/texts so the model learns to stop.
+    The end-of-sequence token is appended to completions/texts so the model learns to stop; a tokenizer that
+    starts every text with BOS (``core.data.scoring_bos``: Gemma, Llama) gets it in front of each row, unless
+    the row's text already starts with it (a chat template's ``<bos>``), so SFT sees what inference feeds.
 
     Rows longer than ``max_length`` are cut at the end, which cuts their targets; a row left with no target
     is dropped. ``stats`` (when given) receives ``{"examples", "cut", "dropped", "longest"}`` so the caller
     can say so."""
+    from llmtool.core.data import scoring_bos
+
     eos = tokenizer.eos_token_id
+    bos = scoring_bos(tokenizer)
+
+    def lead(ids: list[int]) -> list[int]:
+        # a tokenizer that starts every text with BOS (Gemma, Llama) gets it here too, as TRL's SFT does;
+        # a chat template that already wrote it is not given a second one
+        return [bos, *ids] if bos is not None and (not ids or ids[0] != bos) else ids
+
     rows = []
     cut = dropped = longest = 0
     for i, ex in enumerate(examples):
@@ -105,10 +116,10 @@ def encode_examples(tokenizer, examples: Sequence[dict], max_length: int, stats:
             ids = list(ex["input_ids"])
             labels = list(ex.get("labels", ids))
         elif "text" in ex:
-            ids = tokenizer(ex["text"], add_special_tokens=False)["input_ids"] + ([eos] if eos is not None else [])
+            ids = lead(tokenizer(ex["text"], add_special_tokens=False)["input_ids"]) + ([eos] if eos is not None else [])
             labels = list(ids)
         elif "prompt" in ex and "completion" in ex:
-            p = tokenizer(ex["prompt"], add_special_tokens=False)["input_ids"]
+            p = lead(tokenizer(ex["prompt"], add_special_tokens=False)["input_ids"])
             c = tokenizer(ex["completion"], add_special_tokens=False)["input_ids"] + ([eos] if eos is not None else [])
             ids, labels = p + c, [-100] * len(p) + c
         else:
