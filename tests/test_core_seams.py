@@ -403,7 +403,8 @@ def test_encode_examples_leads_with_bos_once_where_the_tokenizer_adds_one(tiny_l
 def test_hf_agent_prompts_lead_with_bos_without_a_chat_template(tiny_llama_dir):
     """A base model without a chat template (Gemma 3 270M) is prompted with ``role: content`` lines led by its
     BOS, and the SFT examples the agent benchmark builds render the same text."""
-    from llmtool.bench_agent.agents import HFAgent, prompt_ids, render_prompt
+    from llmtool.bench_agent.agents import HFAgent, render_prompt
+    from llmtool.core.data import prompt_ids
     from llmtool.core.trainer import encode_examples
 
     tok = _bos_adding_tokenizer()
@@ -419,6 +420,26 @@ def test_hf_agent_prompts_lead_with_bos_without_a_chat_template(tiny_llama_dir):
     assert row["input_ids"][:len(ids)] == ids                           # training sees what inference feeds
     plain = build_tokenizer()
     assert prompt_ids(plain, text) == plain(text, add_special_tokens=False)["input_ids"]
+
+
+def test_generation_and_scoring_prompts_lead_with_bos_where_the_tokenizer_adds_one():
+    """``core.lm.generate`` and ``completion_nll`` feed a text prompt as its BOS-led ids on a Gemma-like
+    tokenizer (the same tokens as passing those ids); ``add_special_tokens=False`` keeps the raw ids."""
+    from llmtool.core.data import prompt_ids
+    from llmtool.core.lm import completion_nll, generate
+
+    tok = _bos_adding_tokenizer()
+    model = build_tiny_llama(len(tok), seed=3)
+    text = "The capital of France is"
+    ids = prompt_ids(tok, text)
+    assert ids[0] == tok.bos_token_id and ids[1:] == tok(text, add_special_tokens=False)["input_ids"]
+    assert prompt_ids(tok, "<|endoftext|>" + text) == ids
+    by_text = generate(model, tok, [text], max_new_tokens=6)[0][0]
+    by_ids = generate(model, tok, [ids], max_new_tokens=6)[0][0]
+    assert by_text.token_ids == by_ids.token_ids and by_text.prompt_tokens == len(ids)   # BOS fed too
+    nll = completion_nll(model, tok, [text], [" Paris."])[0]
+    raw = completion_nll(model, tok, [text], [" Paris."], add_special_tokens=False)[0]
+    assert nll != pytest.approx(raw)
 
 
 # ----------------------------------------------------------------------------------------- defects

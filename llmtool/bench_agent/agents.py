@@ -112,17 +112,6 @@ def render_prompt(tok, messages) -> str:
     return "".join(f"{m['role']}: {m['content']}\n" for m in messages) + "assistant:"
 
 
-def prompt_ids(tok, text: str) -> list[int]:
-    """``text``'s ids, with the tokenizer's BOS first when it starts every text with one
-    (:func:`llmtool.core.data.scoring_bos`) and the text does not already begin with it (chat templates
-    such as Gemma's and Llama 3's write it themselves)."""
-    from llmtool.core.data import scoring_bos
-
-    ids = tok(text, add_special_tokens=False)["input_ids"]
-    bos = scoring_bos(tok)
-    return [bos, *ids] if bos is not None and (not ids or ids[0] != bos) else ids
-
-
 @AGENTS.register("hf")
 class HFAgent(Agent):
     """In-process transformers agent. ``protocol="tools"`` writes the JSON tool schemas into the system
@@ -154,7 +143,9 @@ class HFAgent(Agent):
 
     def render(self, messages) -> list[int]:
         """The prompt's token ids: :func:`render_prompt`'s text, led by BOS where the tokenizer starts every
-        text with one (Gemma base has no chat template, and without its BOS it is another model)."""
+        text with one (``core.data.prompt_ids``; Gemma 3 270M without its BOS is another model)."""
+        from llmtool.core.data import prompt_ids
+
         return prompt_ids(self.tok, render_prompt(self.tok, messages))
 
     def reset(self) -> None:

@@ -121,6 +121,16 @@ def scoring_bos(tokenizer) -> int | None:
     return int(bos) if ids and ids[0] == bos else None
 
 
+def prompt_ids(tokenizer, text: str) -> list[int]:
+    """A prompt's ids as the model was trained to see text: ``text`` without special tokens, led by the
+    tokenizer's BOS where it starts every text with one (:func:`scoring_bos`: Gemma, Llama) and the text does
+    not already begin with it (chat templates such as Gemma's write ``<bos>`` themselves). Tokenizers that add
+    no BOS (SmolLM2, Qwen2.5) get exactly ``tokenizer(text, add_special_tokens=False)``."""
+    ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+    bos = scoring_bos(tokenizer)
+    return [bos, *ids] if bos is not None and (not ids or ids[0] != bos) else list(ids)
+
+
 def _encode(tokenizer, text: str) -> list[int]:
     return tokenizer(text, add_special_tokens=False, return_attention_mask=False)["input_ids"]
 

@@ -45,15 +45,16 @@ def token_nll(model, input_ids: torch.Tensor, attention_mask: torch.Tensor | Non
 
 
 def completion_nll(model, tokenizer, prompts: Sequence[str], completions: Sequence[str], batch_size: int = 8,
-                   add_special_tokens: bool = False, desc: str | None = None) -> list[float]:
+                   add_special_tokens: bool | None = None, desc: str | None = None) -> list[float]:
     """Summed NLL of ``completions[i]`` given ``prompts[i]`` (prompt and completion tokenized apart and
-    concatenated, so the completion's tokens are exactly those of the completion string)."""
+    concatenated, so the completion's tokens are exactly those of the completion string). Prompts are encoded
+    by :func:`_encode_prompt` (BOS first where the tokenizer starts every text with one)."""
     if len(prompts) != len(completions):
         raise ValueError("prompts and completions differ in length")
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
     pairs = []
     for p, c in zip(prompts, completions):
-        pi = tokenizer(p, add_special_tokens=add_special_tokens)["input_ids"]
+        pi = _encode_prompt(tokenizer, p, add_special_tokens)
         ci = tokenizer(c, add_special_tokens=False)["input_ids"]
         pairs.append((pi, ci))
     out: list[float] = []
@@ -72,6 +73,16 @@ def completion_nll(model, tokenizer, prompts: Sequence[str], completions: Sequen
         nll = token_nll(model, ids, mask)
         out.extend((nll * target[:, 1:].to(nll.dtype)).sum(-1).tolist())
     return out
+
+
+def _encode_prompt(tokenizer, text: str, add_special_tokens: bool | None) -> list[int]:
+    """``None`` (the default): ``core.data.prompt_ids`` — no special tokens but the BOS a Gemma or Llama
+    tokenizer starts every text with, never twice; ``True`` / ``False``: the tokenizer's own choice."""
+    from llmtool.core.data import prompt_ids
+
+    if add_special_tokens is None:
+        return prompt_ids(tokenizer, text)
+    return tokenizer(text, add_special_tokens=add_special_tokens)["input_ids"]
 
 
 def chat_prompt(tokenizer, user: str, system: str | None = None) -> str:
@@ -99,13 +110,14 @@ def _truncate_at_stop(text: str, stop: Sequence[str]) -> tuple[str, bool]:
 def generate(model, tokenizer, prompts: Sequence[str] | Sequence[Sequence[int]], *, max_new_tokens: int = 64,
              temperature: float = 0.0, top_p: float = 1.0, top_k: int = 0, n: int = 1, batch_size: int = 8,
              logits_processors: Sequence = (), stop: Sequence[str] = (), seed: int | None = None,
-             desc: str | None = None, add_special_tokens: bool = False) -> list[list[Completion]]:
+             desc: str | None = None, add_special_tokens: bool | None = None) -> list[list[Completion]]:
     """``n`` completions for each prompt (text, or token ids). ``temperature == 0`` is greedy.
 
     Prompts are left-padded in batches of ``batch_size`` (each prompt's ``n`` samples share its batch
     row block); the KV cache is used; ``logits_processors`` (transformers ``LogitsProcessor`` objects)
     are applied after the model's logits; ``stop`` strings end a completion (the text is cut before
-    the stop string)."""
+    the stop string). Text prompts are encoded by :func:`_encode_prompt` (BOS first where the tokenizer
+    starts every text with one)."""
     from transformers import LogitsProcessorList
 
     if n < 1:
@@ -113,7 +125,7 @@ def generate(model, tokenizer, prompts: Sequence[str] | Sequence[Sequence[int]],
     dev = _device(model)
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     eos = tokenizer.eos_token_id
-    encoded = [list(p) if not isinstance(p, str) else tokenizer(p, add_special_tokens=add_special_tokens)["input_ids"]
+    encoded = [list(p) if not isinstance(p, str) else _encode_prompt(tokenizer, p, add_special_tokens)
                for p in prompts]
     if seed is not None:
         torch.manual_seed(seed)

@@ -99,16 +99,9 @@ def encode_examples(tokenizer, examples: Sequence[dict], max_length: int, stats:
     Rows longer than ``max_length`` are cut at the end, which cuts their targets; a row left with no target
     is dropped. ``stats`` (when given) receives ``{"examples", "cut", "dropped", "longest"}`` so the caller
     can say so."""
-    from llmtool.core.data import scoring_bos
+    from llmtool.core.data import prompt_ids
 
     eos = tokenizer.eos_token_id
-    bos = scoring_bos(tokenizer)
-
-    def lead(ids: list[int]) -> list[int]:
-        # a tokenizer that starts every text with BOS (Gemma, Llama) gets it here too, as TRL's SFT does;
-        # a chat template that already wrote it is not given a second one
-        return [bos, *ids] if bos is not None and (not ids or ids[0] != bos) else ids
-
     rows = []
     cut = dropped = longest = 0
     for i, ex in enumerate(examples):
@@ -116,10 +109,10 @@ def encode_examples(tokenizer, examples: Sequence[dict], max_length: int, stats:
             ids = list(ex["input_ids"])
             labels = list(ex.get("labels", ids))
         elif "text" in ex:
-            ids = lead(tokenizer(ex["text"], add_special_tokens=False)["input_ids"]) + ([eos] if eos is not None else [])
+            ids = prompt_ids(tokenizer, ex["text"]) + ([eos] if eos is not None else [])
             labels = list(ids)
         elif "prompt" in ex and "completion" in ex:
-            p = lead(tokenizer(ex["prompt"], add_special_tokens=False)["input_ids"])
+            p = prompt_ids(tokenizer, ex["prompt"])
             c = tokenizer(ex["completion"], add_special_tokens=False)["input_ids"] + ([eos] if eos is not None else [])
             ids, labels = p + c, [-100] * len(p) + c
         else:

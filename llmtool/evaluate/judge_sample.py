@@ -28,6 +28,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from llmtool.core.console import UsageError
+from llmtool.core.data import prompt_ids
 
 SCALES: dict[str, tuple[int, ...]] = {"3way": (-1, 0, 1), "5pt": tuple(range(-2, 3)), "7pt": tuple(range(-3, 4))}
 SWAPS = ("none", "half", "all")
@@ -322,7 +323,7 @@ def hf_sample(model, tok, texts: Sequence[str], k: int, *, temperature: float = 
     if k < 1:
         raise ValueError("k must be >= 1")
     marker = tok("\nFinal rating:", add_special_tokens=False)["input_ids"]
-    enc = [tok(t, add_special_tokens=False)["input_ids"] for t in texts]
+    enc = [prompt_ids(tok, t) for t in texts]      # BOS first where the tokenizer starts texts with one
     gen = torch.Generator().manual_seed(seed)
 
     def pick(logits):

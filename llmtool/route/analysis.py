@@ -7,6 +7,8 @@ from typing import Sequence
 
 import torch
 
+from llmtool.core.data import prompt_ids
+
 
 @torch.no_grad()
 def routing_quality(router, experts, vocab, tokenizer, rows: Sequence[dict], domain_to_expert: dict[str, int],
@@ -24,7 +26,7 @@ def routing_quality(router, experts, vocab, tokenizer, rows: Sequence[dict], dom
         chunk = rows[s:s + batch_size]
         seqs, labs = [], []
         for r in chunk:
-            p = tokenizer(render(tokenizer, r["prompt"], template), add_special_tokens=False)["input_ids"]
+            p = prompt_ids(tokenizer, render(tokenizer, r["prompt"], template))
             c = tokenizer(r["response"], add_special_tokens=False)["input_ids"] + [eos]
             seqs.append(p + c)
             labs.append([-100] * len(p) + c)

@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Callable, Sequence
 
 from llmtool.core.console import UsageError
+from llmtool.core.data import prompt_ids
 
 
 def read_rows(path: Path, required=("prompt",)) -> list[dict]:
@@ -30,7 +31,7 @@ def render(tokenizer, prompt: str, template: str = "chat") -> str:
 
 
 def encode_prompts(tokenizer, rows: Sequence[dict], template: str = "chat") -> list[list[int]]:
-    return [tokenizer(render(tokenizer, r["prompt"], template), add_special_tokens=False)["input_ids"] for r in rows]
+    return [prompt_ids(tokenizer, render(tokenizer, r["prompt"], template)) for r in rows]
 
 
 def sft_examples(tokenizer, rows: Sequence[dict], template: str = "chat", path: str = "--data") -> list[dict]:

@@ -26,6 +26,7 @@ from typing import Sequence
 import torch
 from transformers import Trainer
 
+from llmtool.core.data import prompt_ids
 from llmtool.route import losses as L
 from llmtool.route.vocab import VocabView
 
@@ -216,7 +217,7 @@ def encode_pairs(tokenizer, pairs: Sequence[dict], max_length: int) -> list[dict
     eos = tokenizer.eos_token_id
     rows = []
     for p in pairs:
-        pi = tokenizer(p["prompt"], add_special_tokens=False)["input_ids"]
+        pi = prompt_ids(tokenizer, p["prompt"])
         row = {}
         for side in ("chosen", "rejected"):
             ci = tokenizer(p[side], add_special_tokens=False)["input_ids"] + [eos]

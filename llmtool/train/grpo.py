@@ -59,6 +59,7 @@ from typing import Callable, Sequence
 
 import torch
 
+from llmtool.core.data import prompt_ids
 from llmtool.train.grpo_choices import LOSS_AGGS, LOSS_TYPES, check_loss_choices  # noqa: E402,F401
 
 
@@ -543,7 +544,7 @@ class GRPOTrainerLoop:
             model.train(was_training)
         out = []
         for pi, (row, text, group) in enumerate(zip(rows, texts, comps)):
-            p_ids = self.tokenizer(text, add_special_tokens=False)["input_ids"]
+            p_ids = prompt_ids(self.tokenizer, text)   # as generate encoded it (BOS first on Gemma)
             for c in group:
                 ids = list(c.token_ids)
                 if c.finish == "stop" and self.eos_id is not None:
