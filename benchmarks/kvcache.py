@@ -67,7 +67,7 @@ def main() -> None:
     from llmtool.core.job import apply_threads
 
     apply_threads(args.threads)
-    from llmtool.core.data import load_text, tokenize
+    from llmtool.core.data import load_text, tokenize, tokenize_prompt
     from llmtool.core.models import load_model, load_tokenizer, set_seed
     from llmtool.kvcache import tasks
     from llmtool.kvcache.pipeline import (KVSpec, cache_from_prefill, capture_prefill, continue_nll, exact_chunk,
@@ -128,7 +128,7 @@ def main() -> None:
     niah_rows = []
     for length in [int(x) for x in args.lengths.split(",")]:
         samples = tasks.make_samples("niah_single", tok, length, args.samples, seed=args.seed)
-        states = [capture_prefill(model, tokenize(tok, s.context)[None]) for s in samples]
+        states = [capture_prefill(model, tokenize_prompt(tok, s.context)[None]) for s in samples]
         questions = {id(s): tokenize(tok, "\n\n" + s.question)[None] for s in samples}
         for spec in niah_specs:
             score, kv, full, rates = 0.0, 0, 0, []

@@ -323,7 +323,7 @@ def main() -> None:
 
     import llmtool
     from llmtool.core.console import markdown_table
-    from llmtool.core.data import tokenize
+    from llmtool.core.data import tokenize, tokenize_prompt
     from llmtool.core.models import load_tokenizer, resolve_model
     from llmtool.kvcache import tasks as T
     from llmtool.kvcache.pipeline import KVSpec
@@ -392,7 +392,7 @@ def main() -> None:
     for i in range(a.samples):
         for task in tasks:
             s = samples[task][i]
-            ctx = tokenize(tok, s.context)[None]
+            ctx = tokenize_prompt(tok, s.context)[None]     # BOS first where the tokenizer adds one (Gemma)
             q = tokenize(tok, "\n\n" + s.question)[None]
             pre = shared_prefill(model, torch.cat([ctx, q], dim=-1))
             for proto in protocols:
@@ -425,7 +425,7 @@ def main() -> None:
             ours = outputs.get(("aware", label))
             same, theirs = 0, []
             for i, s in enumerate(samples["niah_single"]):
-                ids = torch.cat([tokenize(tok, s.context)[None], tokenize(tok, "\n\n" + s.question)[None]], -1)
+                ids = torch.cat([tokenize_prompt(tok, s.context)[None], tokenize(tok, "\n\n" + s.question)[None]], -1)
                 gen, _ = _kvpress_generate(hf, ids, a.max_new_tokens, tok.eos_token_id, 0.2, 32, critical)
                 theirs.append(tok.decode(gen, skip_special_tokens=True))
                 same += ours is not None and theirs[-1] == ours[i]

@@ -437,6 +437,11 @@ def test_generation_and_scoring_prompts_lead_with_bos_where_the_tokenizer_adds_o
     by_text = generate(model, tok, [text], max_new_tokens=6)[0][0]
     by_ids = generate(model, tok, [ids], max_new_tokens=6)[0][0]
     assert by_text.token_ids == by_ids.token_ids and by_text.prompt_tokens == len(ids)   # BOS fed too
+    from llmtool.core.data import tokenize_prompt
+    long = "The capital of France is Paris. " * 400
+    assert tokenize_prompt(tok, long).tolist() == prompt_ids(tok, long)  # the KV-cache contexts' encoding
+    assert tokenize_prompt(tok, "<|endoftext|>" + text).tolist() == ids
+    assert tokenize_prompt(build_tokenizer(), text).tolist() == build_tokenizer()(text, add_special_tokens=False)["input_ids"]
     nll = completion_nll(model, tok, [text], [" Paris."])[0]
     raw = completion_nll(model, tok, [text], [" Paris."], add_special_tokens=False)[0]
     assert nll != pytest.approx(raw)

@@ -131,6 +131,16 @@ def prompt_ids(tokenizer, text: str) -> list[int]:
     return [bos, *ids] if bos is not None and (not ids or ids[0] != bos) else list(ids)
 
 
+def tokenize_prompt(tokenizer, text: str) -> torch.Tensor:
+    """:func:`tokenize` (long texts in pieces) led by the BOS :func:`prompt_ids` would put first: the context
+    of a KV-cache run or any long prompt, fed as the model saw text in training."""
+    ids = tokenize(tokenizer, text)
+    bos = scoring_bos(tokenizer)
+    if bos is None or (ids.numel() and int(ids[0]) == bos):
+        return ids
+    return torch.cat([torch.tensor([bos], dtype=ids.dtype), ids])
+
+
 def _encode(tokenizer, text: str) -> list[int]:
     return tokenizer(text, add_special_tokens=False, return_attention_mask=False)["input_ids"]
 

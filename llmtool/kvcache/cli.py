@@ -51,7 +51,7 @@ def generate_cmd(
     from llmtool.core.preflight import preflight
 
     preflight(model, out, inputs=(prompts,), overwrite=overwrite)  # fail fast, before torch is imported
-    from llmtool.core.data import read_jsonl, tokenize, write_jsonl
+    from llmtool.core.data import read_jsonl, scoring_bos, tokenize, tokenize_prompt, write_jsonl
     from llmtool.kvcache.pipeline import generate
 
     spec = _spec(config)
@@ -76,8 +76,8 @@ def generate_cmd(
     m, tok = _load(model)
     results = []
     for r in progress(rows_in, "generate"):
-        ctx = tokenize(tok, r.get("context", r.get("prompt")))
-        if ctx.numel() < 1:
+        ctx = tokenize_prompt(tok, r.get("context", r.get("prompt")))    # BOS first on Gemma / Llama
+        if ctx.numel() < 1 or (ctx.numel() == 1 and scoring_bos(tok) is not None):
             raise UsageError(f"{prompts}: empty context")
         q = tokenize(tok, r["question"]) if r.get("question") else None
         ids, stats, _ = generate(m, ctx[None], None if q is None else q[None], spec, max_new_tokens,
@@ -99,7 +99,9 @@ def evaluate_spec(m, tok, spec, task: str, length: int, samples: int, seed: int,
     """One evaluation (task accuracy or decode perplexity) of ``spec``; shared with the benchmark."""
     import math
 
-    from llmtool.core.data import load_text, tokenize
+    import torch
+
+    from llmtool.core.data import load_text, scoring_bos, tokenize, tokenize_prompt
     from llmtool.kvcache import tasks as tasks_mod
     from llmtool.kvcache.pipeline import decode_nll, generate
 
@@ -110,8 +112,11 @@ def evaluate_spec(m, tok, spec, task: str, length: int, samples: int, seed: int,
         if ids.numel() < span * samples:
             raise UsageError(f"{data}: {ids.numel()} tokens, need {span * samples} for --samples {samples}")
         nll, count = 0.0, 0
+        bos = scoring_bos(tok)   # Gemma / Llama windows start with their BOS, as `evaluate ppl`'s do
+        lead = torch.tensor([] if bos is None else [bos], dtype=ids.dtype)
         for i in progress(range(samples), "decode ppl"):
-            a, c, st = decode_nll(m, ids[i * span:(i + 1) * span], prefix, spec, chunk=None)
+            a, c, st = decode_nll(m, torch.cat([lead, ids[i * span:(i + 1) * span]]), prefix + lead.numel(), spec,
+                                  chunk=None)
             nll, count = nll + a, count + c
             kv, full, dec_tok, dec_s = kv + st.kv_bytes, full + st.full_kv_bytes, dec_tok + st.decode_tokens, \
                 dec_s + st.decode_seconds
@@ -122,7 +127,7 @@ def evaluate_spec(m, tok, spec, task: str, length: int, samples: int, seed: int,
         for name in names:
             total = 0.0
             for s in progress(tasks_mod.make_samples(name, tok, length, samples, seed, filler), name):
-                ctx = tokenize(tok, s.context)[None]
+                ctx = tokenize_prompt(tok, s.context)[None]
                 q = tokenize(tok, "\n\n" + s.question)[None]
                 ids, st, _ = generate(m, ctx, q, spec, max_new_tokens, eos_token_id=tok.eos_token_id,
                                       compress_question=compress_question)
