@@ -28,7 +28,6 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from llmtool.core.console import UsageError
-from llmtool.core.data import prompt_ids
 
 SCALES: dict[str, tuple[int, ...]] = {"3way": (-1, 0, 1), "5pt": tuple(range(-2, 3)), "7pt": tuple(range(-3, 4))}
 SWAPS = ("none", "half", "all")
@@ -319,6 +318,7 @@ def hf_sample(model, tok, texts: Sequence[str], k: int, *, temperature: float = 
     import torch
 
     from llmtool.core.console import progress
+    from llmtool.core.data import prompt_ids
 
     if k < 1:
         raise ValueError("k must be >= 1")

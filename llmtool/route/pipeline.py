@@ -7,7 +7,6 @@ from pathlib import Path
 from typing import Callable, Sequence
 
 from llmtool.core.console import UsageError
-from llmtool.core.data import prompt_ids
 
 
 def read_rows(path: Path, required=("prompt",)) -> list[dict]:
@@ -31,6 +30,8 @@ def render(tokenizer, prompt: str, template: str = "chat") -> str:
 
 
 def encode_prompts(tokenizer, rows: Sequence[dict], template: str = "chat") -> list[list[int]]:
+    from llmtool.core.data import prompt_ids      # imports torch: not at module level (CLI preflight)
+
     return [prompt_ids(tokenizer, render(tokenizer, r["prompt"], template)) for r in rows]
 
 
