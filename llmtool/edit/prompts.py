@@ -36,8 +36,11 @@ def bos_prefix(tok) -> list[int]:
 
 
 def encode_prompt(tok, text: str) -> list[int]:
-    """A prompt's ids as the model saw text in training: ``bos_prefix`` + the text's ids."""
-    return bos_prefix(tok) + encode(tok, text)
+    """A prompt's ids as the model saw text in training: the text's ids after the tokenizer's BOS where it
+    starts every text with one (``core.data.prompt_ids``, shared with generation and SFT)."""
+    from llmtool.core.data import prompt_ids
+
+    return prompt_ids(tok, text)
 
 
 def subject_last_index(tok, prompt: str, subject: str) -> tuple[list[int], int]:
