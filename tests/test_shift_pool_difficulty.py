@@ -73,3 +73,32 @@ def test_default_difficulty_keeps_the_committed_protocol():
     # the committed runs file's protocol keys are exactly the default protocol's
     rec = json.loads((rl.RESULTS / "select_data_rl.runs.jsonl").read_text().splitlines()[0])
     assert set(rec["protocol"]) == set(default)
+
+
+def _record(arm: str, seed: int, ok: list[int]) -> dict:
+    return {"arm": arm, "seed": seed, "ids": [0], "generators": ["products"],
+            "in_domain": {"pass@1": sum(ok) / len(ok), "ok": ok}, "transfer": None, "train_reward": [0.5],
+            "zero_variance_groups": [0.5], "truncated": [0.0], "seconds": 1.0}
+
+
+@pytest.mark.parametrize("seeds,gain,expected", [(1, 40, "not tested"), (3, 40, "met"), (3, 2, "not met")])
+def test_full_pool_gate_needs_three_seeds(seeds, gain, expected):
+    """One seed's gain is not the gate's evidence: below three training seeds the verdict is "not tested", even
+    for a 40-point gain; over three seeds it is met or not met by the paired gain."""
+    rl = load_benchmark("select_data_rl")
+    n = 100
+    gens = [rl.GENERATORS[i % len(rl.GENERATORS)] for i in range(n)]
+    base = [1] * 30 + [0] * 70
+    trained = [1] * (30 + gain) + [0] * (70 - gain)
+    done = {("base", 0): _record("base", 0, base)}
+    done.update({("full", s): _record("full", s, trained) for s in range(seeds)})
+    res = rl.summarise(done, ["full"], seeds, gens, draws=50)
+    g = res["gate"]["full - base >= 0.05 in-domain"]
+    assert g["verdict"] == expected
+    assert abs(res["gate"]["delta"] - gain / n) < 1e-9
+    text = rl.markdown({**res, "settings": {"pool_per_gen": 1, "budget": 1, "steps": 1, "prompts": 1,
+                                            "group_size": 1, "lr": 1, "updates": 1, "max_new_tokens": 1,
+                                            "model": "m", "warmup_steps": 0},
+                        "command": "c", "seeds": seeds, "start_checksum": "x", "n_in_domain": n, "n_transfer": 0})
+    shown = text.split("**Gate**")[1].splitlines()[0].split("in-domain: ")[1].lower()
+    assert shown.startswith((expected + " (measured", expected + ":"))
