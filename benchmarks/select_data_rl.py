@@ -198,15 +198,19 @@ def summarise(done: dict, arms: list[str], seeds: int, gens: list[str], draws: i
     n_items = len(base["in_domain"]["ok"])
     idx = np.random.default_rng(0).integers(0, n_items, size=(draws, n_items))
     per_item = {}
-    for arm in arms:
-        runs = [done[(arm, s)] for s in range(seeds)]
+    for arm in list(arms):
+        # every seed below --seeds that has finished (a --report-only summary can hold arms with fewer seeds)
+        runs = [done[(arm, s)] for s in range(seeds) if (arm, s) in done]
+        if not runs:
+            arms = [x for x in arms if x != arm]
+            continue
         ind = [r["in_domain"]["pass@1"] for r in runs]
         tr = [r["transfer"]["pass@1"] for r in runs if r["transfer"]]
         per_item[arm] = np.mean([r["in_domain"]["ok"] for r in runs], axis=0)
         res["per_generator"][arm] = per_generator(runs, gens)
         d, lo, hi = paired_vs_base([r["in_domain"]["ok"] for r in runs], base["in_domain"]["ok"])
         res["arms"][arm] = {
-            "in_domain": float(np.mean(ind)), "in_domain_sd": float(np.std(ind, ddof=1)) if len(ind) > 1 else None,
+            "seeds": len(runs), "in_domain": float(np.mean(ind)), "in_domain_sd": float(np.std(ind, ddof=1)) if len(ind) > 1 else None,
             "transfer": float(np.mean(tr)) if tr else None,
             "transfer_sd": float(np.std(tr, ddof=1)) if len(tr) > 1 else None,
             "delta_vs_base": d, "delta_vs_base_ci95": [lo, hi],
@@ -228,7 +232,8 @@ def summarise(done: dict, arms: list[str], seeds: int, gens: list[str], draws: i
         # one seed can carry a GRPO gain by chance: the gate is tested only over >= 3 training seeds
         res["gate"] = {"full - base >= 0.05 in-domain": gate(
             "full - base >= 0.05 in-domain", f["delta_vs_base"] >= 0.05, round(f["delta_vs_base"], 4),
-            precondition=seeds >= MIN_GATE_SEEDS, reason=f"{seeds} training seed(s), the gate needs {MIN_GATE_SEEDS}"),
+            precondition=f["seeds"] >= MIN_GATE_SEEDS,
+            reason=f"{f['seeds']} training seed(s), the gate needs {MIN_GATE_SEEDS}"),
             "delta": f["delta_vs_base"], "ci95": f["delta_vs_base_ci95"]}
     return res
 
@@ -284,7 +289,7 @@ def markdown(res: dict) -> str:
              "transfer pass@1": None if res["base"]["transfer"] is None else round(res["base"]["transfer"], 3)}]
     for name, e in res["arms"].items():
         sd = "" if e["in_domain_sd"] is None else f" ± {e['in_domain_sd']:.3f}"
-        r = {"arm": name, "in-domain pass@1": f"{e['in_domain']:.3f}{sd}",
+        r = {"arm": name, "seeds": e.get("seeds", res["seeds"]), "in-domain pass@1": f"{e['in_domain']:.3f}{sd}",
              "transfer pass@1": None if e["transfer"] is None else f"{e['transfer']:.3f}",
              "Δ vs base [95 % CI]": f"{e['delta_vs_base']:+.3f} [{e['delta_vs_base_ci95'][0]:+.3f}, "
                                     f"{e['delta_vs_base_ci95'][1]:+.3f}]",
@@ -339,6 +344,8 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--difficulty", default="default", choices=sorted(POOL_CONFIGS),
                     help="the pool's generator configurations (select_data.POOL_CONFIGS; 'easy' is the calibrated pool)")
+    ap.add_argument("--report-only", action="store_true",
+                    help="train nothing: summarise the runs file's finished runs (each arm over its seeds)")
     ap.add_argument("--tag", default="select_data_rl", help="results stem: benchmarks/results/TAG.{json,md,png} and "
                                                            "TAG.runs.jsonl")
     a = ap.parse_args()
@@ -362,6 +369,10 @@ def main() -> None:
     jobs = [{"arm": "base", "seed": 0, "ids": []}] + [
         {"arm": x, "seed": s, "ids": pick(x, s, feats, a.budget, n)} for s in range(a.seeds) for x in arms]
     todo = [dict(j, a=vars(a), policy=policy) for j in jobs if (j["arm"], j["seed"]) not in done]
+    if a.report_only:
+        if ("base", 0) not in done:
+            raise SystemExit(f"--report-only: {log.path.name} has no evaluation of the starting policy")
+        todo = []
     print(f"[shift-rl] {len(jobs)} runs: {len(jobs) - len(todo)} reused, {len(todo)} to train", flush=True)
 
     def keep(r):

@@ -102,3 +102,20 @@ def test_full_pool_gate_needs_three_seeds(seeds, gain, expected):
                         "command": "c", "seeds": seeds, "start_checksum": "x", "n_in_domain": n, "n_transfer": 0})
     shown = text.split("**Gate**")[1].splitlines()[0].split("in-domain: ")[1].lower()
     assert shown.startswith((expected + " (measured", expected + ":"))
+
+
+def test_summary_holds_arms_with_fewer_seeds():
+    """--report-only summarises finished runs: an arm is reported over the seeds it has (and says how many), an arm
+    without runs is left out, and the full-pool gate counts the full arm's own seeds."""
+    rl = load_benchmark("select_data_rl")
+    n = 70
+    gens = [rl.GENERATORS[i % len(rl.GENERATORS)] for i in range(n)]
+    done = {("base", 0): _record("base", 0, [1] * 20 + [0] * 50)}
+    done.update({("full", s): _record("full", s, [1] * 40 + [0] * 30) for s in range(3)})
+    done[("random", 0)] = _record("random", 0, [1] * 25 + [0] * 45)
+    done[("shift", 0)] = _record("shift", 0, [1] * 35 + [0] * 35)
+    res = rl.summarise(done, ["full", "shift", "random", "kcenter"], 3, gens, draws=50)
+    assert list(res["arms"]) == ["full", "shift", "random"]
+    assert [res["arms"][x]["seeds"] for x in res["arms"]] == [3, 1, 1]
+    assert res["gate"]["full - base >= 0.05 in-domain"]["verdict"] == "met"
+    assert abs(res["arms"]["shift"]["minus_random"] - 10 / n) < 1e-9
