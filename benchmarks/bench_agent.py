@@ -229,6 +229,15 @@ def previous_results() -> dict:
     return results
 
 
+def pipe_rerun_head(results: dict, env: str, command: str, config: dict) -> None:
+    """The results file's head ``Command:`` for a ``--only pipe`` run on ``env``: this run's command when the file
+    is new, or when ``env``'s rows were the only rows in it (the rerun replaces them, so the old head would name a
+    command none of the file's rows come from); otherwise the head stays and this run's section says "Run alone"."""
+    others = set(results.get("pipe", {})) - {env}
+    if not results.get("command") or not (others or results.get("oracle") or results.get("ultrahorizon")):
+        results.update(command=command, config=config)
+
+
 _UH_AGENT = None
 
 
@@ -447,8 +456,7 @@ def main(argv: list[str] | None = None) -> None:
     config = {k: v for k, v in vars(args).items() if k != "work"}
     if args.only == "pipe":
         results = previous_results()
-        if not results["command"]:  # the first run into a new model's results file
-            results.update(command=command, config=config)
+        pipe_rerun_head(results, args.env, command, config)
         results["pipe"].pop(args.env, None)       # other environments' rows are kept
         if args.env == ACCEPTANCE_ENV:
             results["gates"] = {k: v for k, v in results["gates"].items()

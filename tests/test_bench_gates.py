@@ -205,3 +205,22 @@ def test_sysr_verdict_is_the_paired_difference_and_not_tested_without_errors():
     assert v["pooled"]["verdict"].startswith("SySR lower") and v["pooled"]["ci95"][1] < 0
     worse = [cell("x", 0.1, 30, 0, 10, 0.2, 0.4), cell("x", 0.2, 20, 0, 0, 0.1, 0.3)]
     assert {r["benchmark"]: r for r in ev.sysr_verdicts(worse, 100)}["pooled"]["verdict"].startswith("sh-shared lower")
+
+
+def test_bench_agent_pipe_rerun_head_names_the_command_behind_the_rows():
+    """A --only pipe rerun that replaces every row of a model's results file makes its command the file's head
+    (the Gemma file kept an earlier base-only command above rows it no longer held); with other rows kept, the head
+    stays and the rerun gets its own "Run alone" line."""
+    ba = _bench("bench_agent")
+    old = {"command": "old", "config": {"a": 1}, "pipe": {"grid-nav": {"command": "old"}}, "gates": {}}
+    ba.pipe_rerun_head(old, "grid-nav", "new", {"a": 2})
+    assert old["command"] == "new" and old["config"] == {"a": 2}
+    kept = {"command": "old", "config": {}, "pipe": {"grid-nav": {}, "twx-coin": {}}, "gates": {}}
+    ba.pipe_rerun_head(kept, "grid-nav", "new", {})
+    assert kept["command"] == "old"
+    with_uh = {"command": "old", "config": {}, "pipe": {}, "ultrahorizon": {"rows": []}, "gates": {}}
+    ba.pipe_rerun_head(with_uh, "grid-nav", "new", {})
+    assert with_uh["command"] == "old"
+    fresh = {"command": "", "config": {}, "pipe": {}, "gates": {}}
+    ba.pipe_rerun_head(fresh, "grid-nav", "new", {"b": 1})
+    assert fresh["command"] == "new"
