@@ -18,7 +18,9 @@ generators) and ``--transfer`` gsm_symbolic prompts. Runs are appended to
 ``select_data.POOL_CONFIGS["easy"]`` (one-digit operands, short words) instead of reasoning-gym's defaults.
 
 The issue's gate comes first: full-pool GRPO must beat the starting policy by >= 5 points in-domain (paired,
-seeds pooled); when it does not, the report says the selector comparison is uninformative at this scale.
+seeds pooled) over at least 3 seeds of the full arm ("not tested" below that); when it does not, the report says
+the selector comparison is uninformative at this scale. ``--report-only`` trains nothing and reports the runs file's
+finished runs, each arm over the seeds it has (how a comparison still under way is reported).
 Writes benchmarks/results/TAG.{json,md,png} and TAG.runs.jsonl (``--tag``, default select_data_rl).
 """
 from __future__ import annotations
