@@ -54,6 +54,7 @@ PROTOCOL = ("model", "pool_per_gen", "budget", "feature_tokens", "steps", "group
             "warmup_steps", "warmup_lr", "warmup_per_gen")
 # recorded only when they differ from these defaults (the committed runs files stay reusable)
 OPTIONAL = {"difficulty": "default"}
+FULL_GATE = "full - base >= 0.05 in-domain"
 MIN_GATE_SEEDS = 3  # the full-pool gain must hold over this many GRPO training seeds before selectors are compared
 DEFAULT_SELECTORS = ("shift,random,kmeans-centres,kcenter,minilm-coreset,rirs-topk,question-ppl,answer-ppl,"
                      "entropy,sc-entropy")
@@ -200,11 +201,10 @@ def summarise(done: dict, arms: list[str], seeds: int, gens: list[str], draws: i
     n_items = len(base["in_domain"]["ok"])
     idx = np.random.default_rng(0).integers(0, n_items, size=(draws, n_items))
     per_item = {}
-    for arm in list(arms):
+    for arm in arms:
         # every seed below --seeds that has finished (a --report-only summary can hold arms with fewer seeds)
         runs = [done[(arm, s)] for s in range(seeds) if (arm, s) in done]
         if not runs:
-            arms = [x for x in arms if x != arm]
             continue
         ind = [r["in_domain"]["pass@1"] for r in runs]
         tr = [r["transfer"]["pass@1"] for r in runs if r["transfer"]]
@@ -224,16 +224,16 @@ def summarise(done: dict, arms: list[str], seeds: int, gens: list[str], draws: i
             "truncated": (float(np.mean([x for r in runs for x in r["truncated"]]))
                           if all(r.get("truncated") for r in runs) else None)}
     if "random" in per_item:
-        for arm in arms:
+        for arm, ok in per_item.items():
             if arm != "random":
-                diff = per_item[arm] - per_item["random"]
+                diff = ok - per_item["random"]
                 res["arms"][arm]["minus_random"] = float(diff.mean())
                 res["arms"][arm]["minus_random_ci95"] = list(bootstrap_mean_ci(diff, idx))
     if "full" in res["arms"]:
         f = res["arms"]["full"]
         # one seed can carry a GRPO gain by chance: the gate is tested only over >= 3 training seeds
-        res["gate"] = {"full - base >= 0.05 in-domain": gate(
-            "full - base >= 0.05 in-domain", f["delta_vs_base"] >= 0.05, round(f["delta_vs_base"], 4),
+        res["gate"] = {FULL_GATE: gate(
+            FULL_GATE, f["delta_vs_base"] >= 0.05, round(f["delta_vs_base"], 4),
             precondition=f["seeds"] >= MIN_GATE_SEEDS,
             reason=f"{f['seeds']} training seed(s), the gate needs {MIN_GATE_SEEDS}"),
             "delta": f["delta_vs_base"], "ci95": f["delta_vs_base_ci95"]}
@@ -281,12 +281,12 @@ def markdown(res: dict) -> str:
     g = res.get("gate")
     if g:
         lines += [f"**Gate** full-pool GRPO − starting policy ≥ 5 points in-domain: "
-                  f"{render(g['full - base >= 0.05 in-domain'], bold=False)} (Δ {100 * g['delta']:+.1f} points, "
+                  f"{render(g[FULL_GATE], bold=False)} (Δ {100 * g['delta']:+.1f} points, "
                   f"paired 95 % CI [{100 * g['ci95'][0]:+.1f}, {100 * g['ci95'][1]:+.1f}], seeds pooled)."
                   + {"met": "", "not met": " The selector comparison below is therefore not tested at this scale "
                                            "(RL gains nothing for any selector to keep).",
                      "not tested": " Until it is, a selector comparison on this setting is premature."}[
-                         verdict(g["full - base >= 0.05 in-domain"])], ""]
+                         verdict(g[FULL_GATE])], ""]
     rows = [{"arm": "base (no RL)", "in-domain pass@1": round(res["base"]["in_domain"], 3),
              "transfer pass@1": None if res["base"]["transfer"] is None else round(res["base"]["transfer"], 3)}]
     for name, e in res["arms"].items():
@@ -362,20 +362,25 @@ def main() -> None:
             raise SystemExit(f"--selectors: unknown selector {x!r} (choose from {', '.join(SELECTORS.names())})")
     arms = ([] if a.no_full else ["full"]) + sels
     policy, checksum = start_policy(a)
-    # the features cost minutes of rollouts and only the selectors read them (the full pool takes every prompt)
-    feats = selection_features(a, policy, checksum) if sels else {}
-    n = 7 * a.pool_per_gen
     protocol = run_protocol(a, checksum)
     log = RunLog(RESULTS / f"{a.tag}.runs.jsonl", protocol, lambda r: (r["arm"], r["seed"]))
     done = log.done()
-    jobs = [{"arm": "base", "seed": 0, "ids": []}] + [
-        {"arm": x, "seed": s, "ids": pick(x, s, feats, a.budget, n)} for s in range(a.seeds) for x in arms]
-    todo = [dict(j, a=vars(a), policy=policy) for j in jobs if (j["arm"], j["seed"]) not in done]
+    runs = [("base", 0)] + [(x, s) for s in range(a.seeds) for x in arms]
+    missing = [k for k in runs if k not in done]
     if a.report_only:
         if ("base", 0) not in done:
             raise SystemExit(f"--report-only: {log.path.name} has no evaluation of the starting policy")
-        todo = []
-    print(f"[shift-rl] {len(jobs)} runs: {len(jobs) - len(todo)} reused, {len(todo)} to train", flush=True)
+        print(f"[shift-rl] {len(runs)} runs: {len(runs) - len(missing)} finished, {len(missing)} not run "
+              "(--report-only)", flush=True)
+        missing = []
+    # the features cost minutes of rollouts and only a selector still to train reads them (the full pool takes
+    # every prompt; a finished run's picks are in its record)
+    n = 7 * a.pool_per_gen
+    feats = selection_features(a, policy, checksum) if any(x in sels for x, _ in missing) else {}
+    todo = [{"arm": x, "seed": s, "ids": [] if x == "base" else pick(x, s, feats, a.budget, n), "a": vars(a),
+             "policy": policy} for x, s in missing]
+    if not a.report_only:
+        print(f"[shift-rl] {len(runs)} runs: {len(runs) - len(todo)} reused, {len(todo)} to train", flush=True)
 
     def keep(r):
         done[(r["arm"], r["seed"])] = r
