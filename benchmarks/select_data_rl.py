@@ -55,6 +55,8 @@ PROTOCOL = ("model", "pool_per_gen", "budget", "feature_tokens", "steps", "group
 # recorded only when they differ from these defaults (the committed runs files stay reusable)
 OPTIONAL = {"difficulty": "default"}
 FULL_GATE = "full - base >= 0.05 in-domain"
+# a generator whose test answers are one value at this share measures the policy's label prior (sensitivity rows)
+LABEL_PRIOR_SHARE = 0.9
 MIN_GATE_SEEDS = 3  # the full-pool gain must hold over this many GRPO training seeds before selectors are compared
 DEFAULT_SELECTORS = ("shift,random,kmeans-centres,kcenter,minilm-coreset,rirs-topk,question-ppl,answer-ppl,"
                      "entropy,sc-entropy")
@@ -191,7 +193,24 @@ def per_generator(records: list[dict], gens: list[str]) -> dict:
     return {g: float(ok[[i for i, x in enumerate(gens) if x == g]].mean()) for g in GENERATORS}
 
 
-def summarise(done: dict, arms: list[str], seeds: int, gens: list[str], draws: int = 2000) -> dict:
+def label_prior_generators(rows: list[dict], share: float = LABEL_PRIOR_SHARE) -> dict:
+    """{generator: (answer, share)} for the generators whose test answers are one value at ``share`` or more: there
+    a constant answer scores that share, so the generator's accuracy reads the policy's label prior (e.g. syllogism,
+    20 of 22 test answers "Yes"), and one prompt of the other label in a training subset can flip it."""
+    out = {}
+    for g in dict.fromkeys(r["generator"] for r in rows):
+        answers = [str(r["answer"]).strip() for r in rows if r["generator"] == g]
+        top = max(set(answers), key=answers.count)
+        if answers.count(top) >= share * len(answers):
+            out[g] = (top, answers.count(top) / len(answers))
+    return out
+
+
+def summarise(done: dict, arms: list[str], seeds: int, gens: list[str], draws: int = 2000,
+              prior_gens: dict | None = None) -> dict:
+    """The report's numbers. ``prior_gens`` (``label_prior_generators``) adds, per arm, Δ vs base and − random
+    over the test items of the other generators (``without_label_prior``): a sensitivity check, since a label
+    flip on such a generator moves the in-domain score by its whole share."""
     from llmtool.core.intervals import bootstrap_mean_ci
 
     base = done[("base", 0)]
@@ -229,6 +248,22 @@ def summarise(done: dict, arms: list[str], seeds: int, gens: list[str], draws: i
                 diff = ok - per_item["random"]
                 res["arms"][arm]["minus_random"] = float(diff.mean())
                 res["arms"][arm]["minus_random_ci95"] = list(bootstrap_mean_ci(diff, idx))
+    if prior_gens:
+        keep = np.array([g not in prior_gens for g in gens])
+        res["label_prior_generators"] = {g: {"answer": a, "share": x} for g, (a, x) in prior_gens.items()}
+        base_ok = np.asarray(base["in_domain"]["ok"])[keep]
+        res["base"]["in_domain_without_label_prior"] = float(base_ok.mean())
+        kidx = np.random.default_rng(0).integers(0, int(keep.sum()), size=(draws, int(keep.sum())))
+        for arm, e in res["arms"].items():
+            runs = [done[(arm, s)] for s in range(seeds) if (arm, s) in done]
+            d, lo, hi = paired_vs_base([list(np.asarray(r["in_domain"]["ok"])[keep]) for r in runs], list(base_ok))
+            w = {"n_items": int(keep.sum()), "in_domain": float(per_item[arm][keep].mean()),
+                 "delta_vs_base": d, "delta_vs_base_ci95": [lo, hi]}
+            if "random" in per_item and arm != "random":
+                diff = (per_item[arm] - per_item["random"])[keep]
+                w["minus_random"] = float(diff.mean())
+                w["minus_random_ci95"] = list(bootstrap_mean_ci(diff, kidx))
+            e["without_label_prior"] = w
     if "full" in res["arms"]:
         f = res["arms"]["full"]
         # one seed can carry a GRPO gain by chance: the gate is tested only over >= 3 training seeds
@@ -310,6 +345,26 @@ def markdown(res: dict) -> str:
               "Mean ± sd over seeds. Δ vs base: paired with the starting policy on the same items, seeds pooled "
               "(Newcombe). − random: seed-averaged per-item difference, bootstrap over test items (it resamples "
               "items, not training runs).", ""]
+    lp = res.get("label_prior_generators")
+    if lp:
+        named = ", ".join(f"{g} ({100 * v['share']:.0f} % of its test answers {v['answer']!r})" for g, v in lp.items())
+        wrows = []
+        for name, e in res["arms"].items():
+            w = e["without_label_prior"]
+            r = {"arm": name, "in-domain pass@1": f"{w['in_domain']:.3f}",
+                 "Δ vs base [95 % CI]": f"{w['delta_vs_base']:+.3f} [{w['delta_vs_base_ci95'][0]:+.3f}, "
+                                        f"{w['delta_vs_base_ci95'][1]:+.3f}]"}
+            if "minus_random" in w:
+                lo, hi = w["minus_random_ci95"]
+                r["− random [95 % CI]"] = f"{w['minus_random']:+.3f} [{lo:+.3f}, {hi:+.3f}]"
+            wrows.append(r)
+        cols = list(dict.fromkeys(k for r in wrows for k in r))
+        n_kept = next(iter(res["arms"].values()))["without_label_prior"]["n_items"]
+        lines += [f"Sensitivity: the same runs over the {n_kept} test items of the generators where no single "
+                  f"answer reaches {100 * LABEL_PRIOR_SHARE:.0f} % (left out: {named}; a constant answer scores "
+                  "that much there, so a subset that flips the policy's preferred label moves the score by the "
+                  f"generator's whole share; base {res['base']['in_domain_without_label_prior']:.3f}):", "",
+                  markdown_table([{k: r.get(k, "") for k in cols} for r in wrows]), ""]
     pg = res["per_generator"]
     lines += ["In-domain accuracy per generator (mean over seeds):", "",
               markdown_table([{"arm": k, **{g: round(v[g], 3) for g in GENERATORS}} for k, v in pg.items()]), ""]
@@ -391,7 +446,7 @@ def main() -> None:
 
     _run_jobs(_job, todo, a.workers, keep)
     ind, tr = test_rows(a.test_per_gen, a.transfer, a.difficulty)
-    res = summarise(done, arms, a.seeds, [r["generator"] for r in ind])
+    res = summarise(done, arms, a.seeds, [r["generator"] for r in ind], prior_gens=label_prior_generators(ind))
     res.update(settings=protocol, seeds=a.seeds, start_checksum=checksum, n_in_domain=len(ind), n_transfer=len(tr),
                command=shlex.join(["benchmarks/select_data_rl.py", *sys.argv[1:]]), runs_file=log.path.name)
     res["plot"] = plot(res, RESULTS / f"{a.tag}.png")

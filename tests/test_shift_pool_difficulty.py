@@ -119,3 +119,39 @@ def test_summary_holds_arms_with_fewer_seeds():
     assert [res["arms"][x]["seeds"] for x in res["arms"]] == [3, 1, 1]
     assert res["gate"]["full - base >= 0.05 in-domain"]["verdict"] == "met"
     assert abs(res["arms"]["shift"]["minus_random"] - 10 / n) < 1e-9
+
+
+def test_label_prior_generators_are_those_a_constant_answer_passes():
+    """A generator whose test answers are one value at >= 90 % is named with that answer and share; one at 80 % is
+    not."""
+    rl = load_benchmark("select_data_rl")
+    rows = ([{"generator": "syllogism", "answer": "Yes"}] * 9 + [{"generator": "syllogism", "answer": "No"}]
+            + [{"generator": "products", "answer": str(i % 5)} for i in range(10)]
+            + [{"generator": "chain_sum", "answer": " 4"}] * 8 + [{"generator": "chain_sum", "answer": "5"}] * 2)
+    assert rl.label_prior_generators(rows) == {"syllogism": ("Yes", 0.9)}
+
+
+def test_sensitivity_rows_leave_out_the_label_prior_generator():
+    """An arm whose only change from the start is a label flip on the label-prior generator (10 items lost) is
+    -10/70 in-domain and exactly 0 without that generator; its difference to random over the other items is the
+    per-item mean over those items alone, and the report prints the table."""
+    rl = load_benchmark("select_data_rl")
+    gens = ["syllogism"] * 10 + [g for g in rl.GENERATORS if g != "syllogism" for _ in range(10)]
+    base = [1] * 10 + [1] * 20 + [0] * 40
+    flipped = [0] * 10 + [1] * 20 + [0] * 40
+    rnd = [1] * 10 + [1] * 26 + [0] * 34
+    done = {("base", 0): _record("base", 0, base), ("shift", 0): _record("shift", 0, flipped),
+            ("random", 0): _record("random", 0, rnd)}
+    res = rl.summarise(done, ["shift", "random"], 1, gens, draws=50, prior_gens={"syllogism": ("Yes", 1.0)})
+    assert abs(res["arms"]["shift"]["delta_vs_base"] + 10 / 70) < 1e-9
+    w = res["arms"]["shift"]["without_label_prior"]
+    assert w["n_items"] == 60 and w["delta_vs_base"] == 0.0
+    assert abs(w["minus_random"] + 6 / 60) < 1e-9 and abs(res["arms"]["shift"]["minus_random"] + 16 / 70) < 1e-9
+    assert abs(res["arms"]["random"]["without_label_prior"]["delta_vs_base"] - 6 / 60) < 1e-9
+    assert abs(res["base"]["in_domain_without_label_prior"] - 20 / 60) < 1e-9
+    text = rl.markdown({**res, "settings": {"pool_per_gen": 1, "budget": 1, "steps": 1, "prompts": 1,
+                                            "group_size": 1, "lr": 1, "updates": 1, "max_new_tokens": 1,
+                                            "model": "m", "warmup_steps": 0},
+                        "command": "c", "seeds": 1, "start_checksum": "x", "n_in_domain": 70, "n_transfer": 0})
+    assert "over the 60 test items" in text and "syllogism (100 % of its test answers 'Yes')" in text
+    assert "| shift | 0.333 | +0.000" in text
