@@ -401,6 +401,9 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--difficulty", default="default", choices=sorted(POOL_CONFIGS),
                     help="the pool's generator configurations (select_data.POOL_CONFIGS; 'easy' is the calibrated pool)")
+    ap.add_argument("--train-seeds", default="", help="comma list: train only these of the missing seeds (the report "
+                                                       "still covers every finished one; to split a run's seeds "
+                                                       "between invocations)")
     ap.add_argument("--report-only", action="store_true",
                     help="train nothing: summarise the runs file's finished runs (each arm over its seeds)")
     ap.add_argument("--tag", default="select_data_rl", help="results stem: benchmarks/results/TAG.{json,md,png} and "
@@ -422,6 +425,12 @@ def main() -> None:
     done = log.done()
     runs = [("base", 0)] + [(x, s) for s in range(a.seeds) for x in arms]
     missing = [k for k in runs if k not in done]
+    if a.train_seeds and not a.report_only:
+        try:
+            only = {int(x) for x in a.train_seeds.split(",")}
+        except ValueError:
+            ap.error(f"--train-seeds: a comma list of integers, got {a.train_seeds!r}")
+        missing = [(x, s) for x, s in missing if x == "base" or s in only]  # the start is every arm's reference
     if a.report_only:
         if ("base", 0) not in done:
             raise SystemExit(f"--report-only: {log.path.name} has no evaluation of the starting policy")
