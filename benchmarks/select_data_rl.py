@@ -20,7 +20,13 @@ generators) and ``--transfer`` gsm_symbolic prompts. Runs are appended to
 The issue's gate comes first: full-pool GRPO must beat the starting policy by >= 5 points in-domain (paired,
 seeds pooled) over at least 3 seeds of the full arm ("not tested" below that); when it does not, the report says
 the selector comparison is uninformative at this scale. ``--report-only`` trains nothing and reports the runs file's
-finished runs, each arm over the seeds it has (how a comparison still under way is reported).
+finished runs, each arm over the seeds it has (how a comparison still under way is reported); ``--train-seeds``
+trains only some seeds of the missing runs (to split them between invocations as cores free up).
+
+The report adds sensitivity rows over the test items of the generators where no single answer reaches
+``LABEL_PRIOR_SHARE`` (90 %) of the test answers: on such a generator (syllogism here, 20 of 22 "Yes") a constant
+answer scores that share, so a subset that flips the policy's preferred label moves the in-domain score by the
+generator's whole share without any change in reasoning.
 Writes benchmarks/results/TAG.{json,md,png} and TAG.runs.jsonl (``--tag``, default select_data_rl).
 """
 from __future__ import annotations
