@@ -366,10 +366,11 @@ def markdown(res: dict) -> str:
             wrows.append(r)
         cols = list(dict.fromkeys(k for r in wrows for k in r))
         n_kept = next(iter(res["arms"].values()))["without_label_prior"]["n_items"]
-        lines += [f"Sensitivity: the same runs over the {n_kept} test items of the generators where no single "
-                  f"answer reaches {100 * LABEL_PRIOR_SHARE:.0f} % (left out: {named}; a constant answer scores "
-                  "that much there, so a subset that flips the policy's preferred label moves the score by the "
-                  f"generator's whole share; base {res['base']['in_domain_without_label_prior']:.3f}):", "",
+        head = (f"Sensitivity: the same runs over the {n_kept} test items of the generators where no single "
+                f"answer reaches {100 * LABEL_PRIOR_SHARE:.0f} % (left out: {named}; a constant answer scores "
+                "that much there, so a subset that flips the policy's preferred label moves the score by the "
+                f"generator's whole share; base {res['base']['in_domain_without_label_prior']:.3f}):")
+        lines += [head, "",
                   markdown_table([{k: r.get(k, "") for k in cols} for r in wrows]), ""]
     pg = res["per_generator"]
     lines += ["In-domain accuracy per generator (mean over seeds):", "",
@@ -417,6 +418,10 @@ def main() -> None:
     a = ap.parse_args()
     if not a.tag or "/" in a.tag:
         ap.error("--tag: a file stem without '/'")
+    try:  # checked before the warm start and the features, which can take minutes
+        only = {int(x) for x in a.train_seeds.split(",")} if a.train_seeds else None
+    except ValueError:
+        ap.error(f"--train-seeds: a comma list of integers, got {a.train_seeds!r}")
     from llmtool.core.runlog import RunLog
     from llmtool.select_data.methods import SELECTORS
 
@@ -431,11 +436,7 @@ def main() -> None:
     done = log.done()
     runs = [("base", 0)] + [(x, s) for s in range(a.seeds) for x in arms]
     missing = [k for k in runs if k not in done]
-    if a.train_seeds and not a.report_only:
-        try:
-            only = {int(x) for x in a.train_seeds.split(",")}
-        except ValueError:
-            ap.error(f"--train-seeds: a comma list of integers, got {a.train_seeds!r}")
+    if only is not None and not a.report_only:
         missing = [(x, s) for x, s in missing if x == "base" or s in only]  # the start is every arm's reference
     if a.report_only:
         if ("base", 0) not in done:
