@@ -225,12 +225,13 @@ def summarise(done: dict, arms: list[str], seeds: int, gens: list[str], draws: i
     res["per_generator"] = {"base": per_generator([base], gens)}
     n_items = len(base["in_domain"]["ok"])
     idx = np.random.default_rng(0).integers(0, n_items, size=(draws, n_items))
-    per_item = {}
+    per_item, arm_runs = {}, {}
     for arm in arms:
         # every seed below --seeds that has finished (a --report-only summary can hold arms with fewer seeds)
         runs = [done[(arm, s)] for s in range(seeds) if (arm, s) in done]
         if not runs:
             continue
+        arm_runs[arm] = runs
         ind = [r["in_domain"]["pass@1"] for r in runs]
         tr = [r["transfer"]["pass@1"] for r in runs if r["transfer"]]
         per_item[arm] = np.mean([r["in_domain"]["ok"] for r in runs], axis=0)
@@ -261,8 +262,8 @@ def summarise(done: dict, arms: list[str], seeds: int, gens: list[str], draws: i
         res["base"]["in_domain_without_label_prior"] = float(base_ok.mean())
         kidx = np.random.default_rng(0).integers(0, int(keep.sum()), size=(draws, int(keep.sum())))
         for arm, e in res["arms"].items():
-            runs = [done[(arm, s)] for s in range(seeds) if (arm, s) in done]
-            d, lo, hi = paired_vs_base([list(np.asarray(r["in_domain"]["ok"])[keep]) for r in runs], list(base_ok))
+            d, lo, hi = paired_vs_base([list(np.asarray(r["in_domain"]["ok"])[keep]) for r in arm_runs[arm]],
+                                       list(base_ok))
             w = {"n_items": int(keep.sum()), "in_domain": float(per_item[arm][keep].mean()),
                  "delta_vs_base": d, "delta_vs_base_ci95": [lo, hi]}
             if "random" in per_item and arm != "random":
