@@ -308,6 +308,11 @@ def plot(res: dict, path: Path) -> str | None:
     return path.name
 
 
+def _ci_cell(value: float, ci: list) -> str:
+    """A table cell ``+0.012 [-0.030, +0.051]``: a difference and its 95 % interval."""
+    return f"{value:+.3f} [{ci[0]:+.3f}, {ci[1]:+.3f}]"
+
+
 def markdown(res: dict) -> str:
     st = res["settings"]
     lines = ["# SHIFT with RL", "", f"Command: `{res['command']}`", "",
@@ -335,14 +340,12 @@ def markdown(res: dict) -> str:
         sd = "" if e["in_domain_sd"] is None else f" ± {e['in_domain_sd']:.3f}"
         r = {"arm": name, "seeds": e.get("seeds", res["seeds"]), "in-domain pass@1": f"{e['in_domain']:.3f}{sd}",
              "transfer pass@1": None if e["transfer"] is None else f"{e['transfer']:.3f}",
-             "Δ vs base [95 % CI]": f"{e['delta_vs_base']:+.3f} [{e['delta_vs_base_ci95'][0]:+.3f}, "
-                                    f"{e['delta_vs_base_ci95'][1]:+.3f}]",
+             "Δ vs base [95 % CI]": _ci_cell(e["delta_vs_base"], e["delta_vs_base_ci95"]),
              "generators covered": e["generators_covered"],
              "train reward": round(e["train_reward"], 3), "groups with reward variance": round(e["groups_with_variance"], 3),
              "rollouts truncated": "" if e.get("truncated") is None else round(e["truncated"], 3)}
         if "minus_random" in e:
-            lo, hi = e["minus_random_ci95"]
-            r["− random [95 % CI]"] = f"{e['minus_random']:+.3f} [{lo:+.3f}, {hi:+.3f}]"
+            r["− random [95 % CI]"] = _ci_cell(e["minus_random"], e["minus_random_ci95"])
         rows.append(r)
     from llmtool.core.console import markdown_table
 
@@ -359,11 +362,9 @@ def markdown(res: dict) -> str:
         for name, e in res["arms"].items():
             w = e["without_label_prior"]
             r = {"arm": name, "in-domain pass@1": f"{w['in_domain']:.3f}",
-                 "Δ vs base [95 % CI]": f"{w['delta_vs_base']:+.3f} [{w['delta_vs_base_ci95'][0]:+.3f}, "
-                                        f"{w['delta_vs_base_ci95'][1]:+.3f}]"}
+                 "Δ vs base [95 % CI]": _ci_cell(w["delta_vs_base"], w["delta_vs_base_ci95"])}
             if "minus_random" in w:
-                lo, hi = w["minus_random_ci95"]
-                r["− random [95 % CI]"] = f"{w['minus_random']:+.3f} [{lo:+.3f}, {hi:+.3f}]"
+                r["− random [95 % CI]"] = _ci_cell(w["minus_random"], w["minus_random_ci95"])
             wrows.append(r)
         cols = list(dict.fromkeys(k for r in wrows for k in r))
         n_kept = next(iter(res["arms"].values()))["without_label_prior"]["n_items"]
