@@ -249,12 +249,19 @@ def summarise(done: dict, arms: list[str], seeds: int, gens: list[str], draws: i
             "train_reward": float(np.mean([x for r in runs for x in r["train_reward"]])),
             "truncated": (float(np.mean([x for r in runs for x in r["truncated"]]))
                           if all(r.get("truncated") for r in runs) else None)}
-    if "random" in per_item:
-        for arm, ok in per_item.items():
-            if arm != "random":
-                diff = ok - per_item["random"]
-                res["arms"][arm]["minus_random"] = float(diff.mean())
-                res["arms"][arm]["minus_random_ci95"] = list(bootstrap_mean_ci(diff, idx))
+    def item_difference(a, b, draws_idx, mask=slice(None)) -> tuple[float, list]:
+        """Mean of the seed-averaged per-item difference a - b, with its bootstrap interval over items."""
+        diff = (a - b)[mask]
+        return float(diff.mean()), list(bootstrap_mean_ci(diff, draws_idx))
+
+    for arm, ok in per_item.items():
+        e = res["arms"][arm]
+        if "random" in per_item and arm != "random":
+            e["minus_random"], e["minus_random_ci95"] = item_difference(ok, per_item["random"], idx)
+        # the method under test against every other arm (SHIFT − full: "close to the full pool"; SHIFT − a
+        # coreset or top-RIRS: the paper's baseline and ablation claims)
+        if "shift" in per_item and arm != "shift":
+            e["shift_minus"], e["shift_minus_ci95"] = item_difference(per_item["shift"], ok, idx)
     if prior_gens:
         keep = np.array([g not in prior_gens for g in gens])
         res["label_prior_generators"] = {g: {"answer": a, "share": x} for g, (a, x) in prior_gens.items()}
@@ -267,9 +274,11 @@ def summarise(done: dict, arms: list[str], seeds: int, gens: list[str], draws: i
             w = {"n_items": int(keep.sum()), "in_domain": float(per_item[arm][keep].mean()),
                  "delta_vs_base": d, "delta_vs_base_ci95": [lo, hi]}
             if "random" in per_item and arm != "random":
-                diff = (per_item[arm] - per_item["random"])[keep]
-                w["minus_random"] = float(diff.mean())
-                w["minus_random_ci95"] = list(bootstrap_mean_ci(diff, kidx))
+                w["minus_random"], w["minus_random_ci95"] = item_difference(per_item[arm], per_item["random"],
+                                                                            kidx, keep)
+            if "shift" in per_item and arm != "shift":
+                w["shift_minus"], w["shift_minus_ci95"] = item_difference(per_item["shift"], per_item[arm],
+                                                                          kidx, keep)
             e["without_label_prior"] = w
     if "full" in res["arms"]:
         f = res["arms"]["full"]
@@ -346,6 +355,8 @@ def markdown(res: dict) -> str:
              "rollouts truncated": "" if e.get("truncated") is None else round(e["truncated"], 3)}
         if "minus_random" in e:
             r["− random [95 % CI]"] = _ci_cell(e["minus_random"], e["minus_random_ci95"])
+        if "shift_minus" in e:
+            r["SHIFT − arm [95 % CI]"] = _ci_cell(e["shift_minus"], e["shift_minus_ci95"])
         rows.append(r)
     from llmtool.core.console import markdown_table
 
@@ -353,8 +364,8 @@ def markdown(res: dict) -> str:
     rows = [{k: r.get(k, "") for k in cols} for r in rows]
     lines += [markdown_table(rows), "",
               "Mean ± sd over seeds. Δ vs base: paired with the starting policy on the same items, seeds pooled "
-              "(Newcombe). − random: seed-averaged per-item difference, bootstrap over test items (it resamples "
-              "items, not training runs).", ""]
+              "(Newcombe). − random and SHIFT − arm: seed-averaged per-item differences, bootstrap over test items (it "
+              "resamples items, not training runs).", ""]
     lp = res.get("label_prior_generators")
     if lp:
         named = ", ".join(f"{g} ({100 * v['share']:.0f} % of its test answers {v['answer']!r})" for g, v in lp.items())
@@ -365,6 +376,8 @@ def markdown(res: dict) -> str:
                  "Δ vs base [95 % CI]": _ci_cell(w["delta_vs_base"], w["delta_vs_base_ci95"])}
             if "minus_random" in w:
                 r["− random [95 % CI]"] = _ci_cell(w["minus_random"], w["minus_random_ci95"])
+            if "shift_minus" in w:
+                r["SHIFT − arm [95 % CI]"] = _ci_cell(w["shift_minus"], w["shift_minus_ci95"])
             wrows.append(r)
         cols = list(dict.fromkeys(k for r in wrows for k in r))
         n_kept = next(iter(res["arms"].values()))["without_label_prior"]["n_items"]

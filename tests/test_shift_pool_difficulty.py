@@ -155,3 +155,36 @@ def test_sensitivity_rows_leave_out_the_label_prior_generator():
                         "command": "c", "seeds": 1, "start_checksum": "x", "n_in_domain": 70, "n_transfer": 0})
     assert "over the 60 test items" in text and "syllogism (100 % of its test answers 'Yes')" in text
     assert "| shift | 0.333 | +0.000" in text
+
+
+def test_shift_minus_each_arm_is_the_paired_item_difference():
+    """SHIFT − arm is SHIFT's seed-averaged per-item score minus the arm's, for every arm but SHIFT (random, a
+    coreset, the full pool), over all items and over the items left after the label-prior generator, and the
+    report prints the column in both tables."""
+    rl = load_benchmark("select_data_rl")
+    gens = ["syllogism"] * 10 + [g for g in rl.GENERATORS if g != "syllogism" for _ in range(10)]
+    base = [1] * 10 + [1] * 20 + [0] * 40
+    shift = [0] * 10 + [1] * 24 + [0] * 36          # flips syllogism, +4 elsewhere
+    kcenter_s0 = [1] * 10 + [1] * 30 + [0] * 30     # +10 elsewhere
+    kcenter_s1 = [1] * 10 + [1] * 20 + [0] * 40     # unchanged
+    rnd = [1] * 10 + [1] * 22 + [0] * 38
+    done = {("base", 0): _record("base", 0, base), ("shift", 0): _record("shift", 0, shift),
+            ("shift", 1): _record("shift", 1, shift), ("random", 0): _record("random", 0, rnd),
+            ("random", 1): _record("random", 1, rnd), ("kcenter", 0): _record("kcenter", 0, kcenter_s0),
+            ("kcenter", 1): _record("kcenter", 1, kcenter_s1)}
+    res = rl.summarise(done, ["shift", "random", "kcenter"], 2, gens, draws=50,
+                       prior_gens={"syllogism": ("Yes", 1.0)})
+    kc = res["arms"]["kcenter"]
+    # shift: 24 of 70; kcenter: mean of 40 and 30 of 70 = 35
+    assert abs(kc["shift_minus"] - (24 - 35) / 70) < 1e-9
+    assert abs(kc["without_label_prior"]["shift_minus"] - (24 - 25) / 60) < 1e-9
+    assert abs(res["arms"]["random"]["shift_minus"] - (24 - 32) / 70) < 1e-9
+    assert "shift_minus" not in res["arms"]["shift"]
+    lo, hi = kc["shift_minus_ci95"]
+    assert lo <= kc["shift_minus"] <= hi
+    text = rl.markdown({**res, "settings": {"pool_per_gen": 1, "budget": 1, "steps": 1, "prompts": 1,
+                                            "group_size": 1, "lr": 1, "updates": 1, "max_new_tokens": 1,
+                                            "model": "m", "warmup_steps": 0},
+                        "command": "c", "seeds": 2, "start_checksum": "x", "n_in_domain": 70, "n_transfer": 0})
+    assert text.count("SHIFT − arm [95 % CI]") == 2
+    assert f"| {kc['shift_minus']:+.3f} [" in text
