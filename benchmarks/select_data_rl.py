@@ -249,19 +249,20 @@ def summarise(done: dict, arms: list[str], seeds: int, gens: list[str], draws: i
             "train_reward": float(np.mean([x for r in runs for x in r["train_reward"]])),
             "truncated": (float(np.mean([x for r in runs for x in r["truncated"]]))
                           if all(r.get("truncated") for r in runs) else None)}
-    def item_difference(a, b, draws_idx, mask=slice(None)) -> tuple[float, list]:
-        """Mean of the seed-averaged per-item difference a - b, with its bootstrap interval over items."""
-        diff = (a - b)[mask]
-        return float(diff.mean()), list(bootstrap_mean_ci(diff, draws_idx))
+    def comparisons(arm: str, draws_idx, mask=slice(None)) -> dict:
+        """The arm − random and SHIFT − arm differences of seed-averaged per-item scores over the ``mask`` items,
+        each with its bootstrap interval over items. SHIFT − arm is the method under test against every other arm
+        (SHIFT − full: "close to the full pool"; SHIFT − a coreset or top-RIRS: the paper's baseline and ablation
+        claims)."""
+        out = {}
+        for key, minuend, subtrahend in (("minus_random", arm, "random"), ("shift_minus", "shift", arm)):
+            if minuend != subtrahend and minuend in per_item and subtrahend in per_item:
+                diff = (per_item[minuend] - per_item[subtrahend])[mask]
+                out[key], out[f"{key}_ci95"] = float(diff.mean()), list(bootstrap_mean_ci(diff, draws_idx))
+        return out
 
-    for arm, ok in per_item.items():
-        e = res["arms"][arm]
-        if "random" in per_item and arm != "random":
-            e["minus_random"], e["minus_random_ci95"] = item_difference(ok, per_item["random"], idx)
-        # the method under test against every other arm (SHIFT − full: "close to the full pool"; SHIFT − a
-        # coreset or top-RIRS: the paper's baseline and ablation claims)
-        if "shift" in per_item and arm != "shift":
-            e["shift_minus"], e["shift_minus_ci95"] = item_difference(per_item["shift"], ok, idx)
+    for arm in per_item:
+        res["arms"][arm].update(comparisons(arm, idx))
     if prior_gens:
         keep = np.array([g not in prior_gens for g in gens])
         res["label_prior_generators"] = {g: {"answer": a, "share": x} for g, (a, x) in prior_gens.items()}
@@ -271,15 +272,9 @@ def summarise(done: dict, arms: list[str], seeds: int, gens: list[str], draws: i
         for arm, e in res["arms"].items():
             d, lo, hi = paired_vs_base([list(np.asarray(r["in_domain"]["ok"])[keep]) for r in arm_runs[arm]],
                                        list(base_ok))
-            w = {"n_items": int(keep.sum()), "in_domain": float(per_item[arm][keep].mean()),
-                 "delta_vs_base": d, "delta_vs_base_ci95": [lo, hi]}
-            if "random" in per_item and arm != "random":
-                w["minus_random"], w["minus_random_ci95"] = item_difference(per_item[arm], per_item["random"],
-                                                                            kidx, keep)
-            if "shift" in per_item and arm != "shift":
-                w["shift_minus"], w["shift_minus_ci95"] = item_difference(per_item["shift"], per_item[arm],
-                                                                          kidx, keep)
-            e["without_label_prior"] = w
+            e["without_label_prior"] = {"n_items": int(keep.sum()), "in_domain": float(per_item[arm][keep].mean()),
+                                        "delta_vs_base": d, "delta_vs_base_ci95": [lo, hi],
+                                        **comparisons(arm, kidx, keep)}
     if "full" in res["arms"]:
         f = res["arms"]["full"]
         # one seed can carry a GRPO gain by chance: the gate is tested only over >= 3 training seeds
@@ -322,6 +317,12 @@ def _ci_cell(value: float, ci: list) -> str:
     return f"{value:+.3f} [{ci[0]:+.3f}, {ci[1]:+.3f}]"
 
 
+def _comparison_cells(e: dict) -> dict:
+    """The report's optional difference columns (− random, SHIFT − arm) of one arm's summary (main or sensitivity)."""
+    cols = {"minus_random": "− random [95 % CI]", "shift_minus": "SHIFT − arm [95 % CI]"}
+    return {col: _ci_cell(e[key], e[f"{key}_ci95"]) for key, col in cols.items() if key in e}
+
+
 def markdown(res: dict) -> str:
     st = res["settings"]
     lines = ["# SHIFT with RL", "", f"Command: `{res['command']}`", "",
@@ -352,33 +353,23 @@ def markdown(res: dict) -> str:
              "Δ vs base [95 % CI]": _ci_cell(e["delta_vs_base"], e["delta_vs_base_ci95"]),
              "generators covered": e["generators_covered"],
              "train reward": round(e["train_reward"], 3), "groups with reward variance": round(e["groups_with_variance"], 3),
-             "rollouts truncated": "" if e.get("truncated") is None else round(e["truncated"], 3)}
-        if "minus_random" in e:
-            r["− random [95 % CI]"] = _ci_cell(e["minus_random"], e["minus_random_ci95"])
-        if "shift_minus" in e:
-            r["SHIFT − arm [95 % CI]"] = _ci_cell(e["shift_minus"], e["shift_minus_ci95"])
+             "rollouts truncated": "" if e.get("truncated") is None else round(e["truncated"], 3),
+             **_comparison_cells(e)}
         rows.append(r)
     from llmtool.core.console import markdown_table
 
     cols = list(dict.fromkeys(k for r in rows for k in r))
     rows = [{k: r.get(k, "") for k in cols} for r in rows]
     lines += [markdown_table(rows), "",
-              "Mean ± sd over seeds. Δ vs base: paired with the starting policy on the same items, seeds pooled "
-              "(Newcombe). − random and SHIFT − arm: seed-averaged per-item differences, bootstrap over test items (it "
-              "resamples items, not training runs).", ""]
+              ("Mean ± sd over seeds. Δ vs base: paired with the starting policy on the same items, seeds pooled "
+               "(Newcombe). − random and SHIFT − arm: seed-averaged per-item differences, bootstrap over test items "
+               "(it resamples items, not training runs)."), ""]
     lp = res.get("label_prior_generators")
     if lp:
         named = ", ".join(f"{g} ({100 * v['share']:.0f} % of its test answers {v['answer']!r})" for g, v in lp.items())
-        wrows = []
-        for name, e in res["arms"].items():
-            w = e["without_label_prior"]
-            r = {"arm": name, "in-domain pass@1": f"{w['in_domain']:.3f}",
-                 "Δ vs base [95 % CI]": _ci_cell(w["delta_vs_base"], w["delta_vs_base_ci95"])}
-            if "minus_random" in w:
-                r["− random [95 % CI]"] = _ci_cell(w["minus_random"], w["minus_random_ci95"])
-            if "shift_minus" in w:
-                r["SHIFT − arm [95 % CI]"] = _ci_cell(w["shift_minus"], w["shift_minus_ci95"])
-            wrows.append(r)
+        wrows = [{"arm": name, "in-domain pass@1": f"{w['in_domain']:.3f}",
+                  "Δ vs base [95 % CI]": _ci_cell(w["delta_vs_base"], w["delta_vs_base_ci95"]), **_comparison_cells(w)}
+                 for name, w in ((n, e["without_label_prior"]) for n, e in res["arms"].items())]
         cols = list(dict.fromkeys(k for r in wrows for k in r))
         n_kept = next(iter(res["arms"].values()))["without_label_prior"]["n_items"]
         head = (f"Sensitivity: the same runs over the {n_kept} test items of the generators where no single "
