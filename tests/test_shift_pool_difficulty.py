@@ -81,6 +81,14 @@ def _record(arm: str, seed: int, ok: list[int]) -> dict:
             "zero_variance_groups": [0.5], "truncated": [0.0], "seconds": 1.0}
 
 
+def _report(rl, res: dict, seeds: int, n_in_domain: int) -> str:
+    """The benchmark's markdown report of a summary, with placeholder settings."""
+    settings = {"pool_per_gen": 1, "budget": 1, "steps": 1, "prompts": 1, "group_size": 1, "lr": 1, "updates": 1,
+                "max_new_tokens": 1, "model": "m", "warmup_steps": 0}
+    return rl.markdown({**res, "settings": settings, "command": "c", "seeds": seeds, "start_checksum": "x",
+                        "n_in_domain": n_in_domain, "n_transfer": 0})
+
+
 @pytest.mark.parametrize("seeds,gain,expected", [(1, 40, "not tested"), (3, 40, "met"), (3, 2, "not met")])
 def test_full_pool_gate_needs_three_seeds(seeds, gain, expected):
     """One seed's gain is not the gate's evidence: below three training seeds the verdict is "not tested", even
@@ -96,10 +104,7 @@ def test_full_pool_gate_needs_three_seeds(seeds, gain, expected):
     g = res["gate"]["full - base >= 0.05 in-domain"]
     assert g["verdict"] == expected
     assert abs(res["gate"]["delta"] - gain / n) < 1e-9
-    text = rl.markdown({**res, "settings": {"pool_per_gen": 1, "budget": 1, "steps": 1, "prompts": 1,
-                                            "group_size": 1, "lr": 1, "updates": 1, "max_new_tokens": 1,
-                                            "model": "m", "warmup_steps": 0},
-                        "command": "c", "seeds": seeds, "start_checksum": "x", "n_in_domain": n, "n_transfer": 0})
+    text = _report(rl, res, seeds, n)
     shown = text.split("**Gate**")[1].splitlines()[0].split("in-domain: ")[1].lower()
     assert shown.startswith((expected + " (measured", expected + ":"))
 
@@ -149,10 +154,7 @@ def test_sensitivity_rows_leave_out_the_label_prior_generator():
     assert abs(w["minus_random"] + 6 / 60) < 1e-9 and abs(res["arms"]["shift"]["minus_random"] + 16 / 70) < 1e-9
     assert abs(res["arms"]["random"]["without_label_prior"]["delta_vs_base"] - 6 / 60) < 1e-9
     assert abs(res["base"]["in_domain_without_label_prior"] - 20 / 60) < 1e-9
-    text = rl.markdown({**res, "settings": {"pool_per_gen": 1, "budget": 1, "steps": 1, "prompts": 1,
-                                            "group_size": 1, "lr": 1, "updates": 1, "max_new_tokens": 1,
-                                            "model": "m", "warmup_steps": 0},
-                        "command": "c", "seeds": 1, "start_checksum": "x", "n_in_domain": 70, "n_transfer": 0})
+    text = _report(rl, res, 1, 70)
     assert "over the 60 test items" in text and "syllogism (100 % of its test answers 'Yes')" in text
     assert "| shift | 0.333 | +0.000" in text
 
@@ -182,9 +184,6 @@ def test_shift_minus_each_arm_is_the_paired_item_difference():
     assert "shift_minus" not in res["arms"]["shift"]
     lo, hi = kc["shift_minus_ci95"]
     assert lo <= kc["shift_minus"] <= hi
-    text = rl.markdown({**res, "settings": {"pool_per_gen": 1, "budget": 1, "steps": 1, "prompts": 1,
-                                            "group_size": 1, "lr": 1, "updates": 1, "max_new_tokens": 1,
-                                            "model": "m", "warmup_steps": 0},
-                        "command": "c", "seeds": 2, "start_checksum": "x", "n_in_domain": 70, "n_transfer": 0})
+    text = _report(rl, res, 2, 70)
     assert text.count("SHIFT − arm [95 % CI]") == 2
     assert f"| {kc['shift_minus']:+.3f} [" in text
