@@ -21,7 +21,9 @@ The issue's gate comes first: full-pool GRPO must beat the starting policy by >=
 seeds pooled) over at least 3 seeds of the full arm ("not tested" below that); when it does not, the report says
 the selector comparison is uninformative at this scale. ``--report-only`` trains nothing and reports the runs file's
 finished runs, each arm over the seeds it has (how a comparison still under way is reported); ``--train-seeds``
-trains only some seeds of the missing runs (to split them between invocations as cores free up).
+trains only some seeds of the missing runs (to split them between invocations as cores free up). The budget and
+the feature length change only the selectors' picks, so a new ``--budget`` under its own ``--tag`` takes the start's
+evaluation and the full-pool runs from the tag that trained them (``--reference-from TAG``) instead of retraining.
 
 The report adds sensitivity rows over the test items of the generators where no single answer reaches
 ``LABEL_PRIOR_SHARE`` (90 %) of the test answers: on such a generator (syllogism here, 20 of 22 "Yes") a constant
@@ -64,6 +66,10 @@ FULL_GATE = "full - base >= 0.05 in-domain"
 # a generator whose test answers are one value at this share measures the policy's label prior (sensitivity rows)
 LABEL_PRIOR_SHARE = 0.9
 MIN_GATE_SEEDS = 3  # the full-pool gain must hold over this many GRPO training seeds before selectors are compared
+# settings that change only which prompts a selector picks: the starting policy's evaluation and the full-pool runs
+# are the same under any value of them, so another budget's runs file can lend them (--reference-from)
+PICK_ONLY = ("budget", "feature_tokens")
+REFERENCE_ARMS = ("base", "full")
 DEFAULT_SELECTORS = ("shift,random,kmeans-centres,kcenter,minilm-coreset,rirs-topk,question-ppl,answer-ppl,"
                      "entropy,sc-entropy")
 
@@ -73,6 +79,15 @@ def run_protocol(a, checksum: str) -> dict:
     from llmtool.core.runlog import protocol_of
 
     return {**protocol_of(a, PROTOCOL, OPTIONAL), "start_checksum": checksum}
+
+
+def reference_runs(path: Path, protocol: dict) -> dict:
+    """The starting policy's evaluation and the full-pool runs in the runs file ``path`` whose protocol equals
+    ``protocol`` apart from the PICK_ONLY settings: {(arm, seed): record}."""
+    from llmtool.core.runlog import RunLog
+
+    other = RunLog(path, protocol, lambda r: (r["arm"], r["seed"]))
+    return {k: r for k, r in other.done(ignore=PICK_ONLY).items() if k[0] in REFERENCE_ARMS}
 
 
 def pool_key(a) -> list:
@@ -417,6 +432,10 @@ def main() -> None:
     ap.add_argument("--train-seeds", default="", help="comma list: train only these of the missing seeds (the report "
                                                        "still covers every finished one; to split a run's seeds "
                                                        "between invocations)")
+    ap.add_argument("--reference-from", default="", metavar="TAG",
+                    help="take the starting policy's evaluation and the full-pool runs from TAG.runs.jsonl where every "
+                         "setting but the budget and feature tokens is this command's (a new --budget then trains "
+                         "only its selectors); they are copied into this tag's runs file")
     ap.add_argument("--report-only", action="store_true",
                     help="train nothing: summarise the runs file's finished runs (each arm over its seeds)")
     ap.add_argument("--tag", default="select_data_rl", help="results stem: benchmarks/results/TAG.{json,md,png} and "
@@ -428,6 +447,9 @@ def main() -> None:
         only = {int(x) for x in a.train_seeds.split(",")} if a.train_seeds else None
     except ValueError:
         ap.error(f"--train-seeds: a comma list of integers, got {a.train_seeds!r}")
+    ref_path = RESULTS / f"{a.reference_from}.runs.jsonl"
+    if a.reference_from and ("/" in a.reference_from or not ref_path.is_file()):
+        ap.error(f"--reference-from: no runs file {ref_path.name} in benchmarks/results")
     from llmtool.core.runlog import RunLog
     from llmtool.select_data.methods import SELECTORS
 
@@ -440,6 +462,13 @@ def main() -> None:
     protocol = run_protocol(a, checksum)
     log = RunLog(RESULTS / f"{a.tag}.runs.jsonl", protocol, lambda r: (r["arm"], r["seed"]))
     done = log.done()
+    if a.reference_from:  # a new budget: the full arm and the start as another tag trained them, copied in
+        lent = {k: {**r, "reference_from": a.reference_from} for k, r in reference_runs(ref_path, protocol).items()
+                if k not in done}
+        for r in lent.values():
+            log.append(r)
+        done.update(lent)
+        print(f"[shift-rl] {len(lent)} start / full-pool runs taken from {ref_path.name}", flush=True)
     runs = [("base", 0)] + [(x, s) for s in range(a.seeds) for x in arms]
     missing = [k for k in runs if k not in done]
     if only is not None and not a.report_only:

@@ -23,6 +23,20 @@ def test_runs_are_kept_per_protocol_and_a_cut_line_is_redone(tmp_path):
     assert log.done()[("c", 0)] == {"arm": "c", "seed": 0, "loss": [3.0]}
 
 
+def test_ignored_settings_match_runs_that_differ_only_in_them(tmp_path):
+    """done(ignore=...) takes the runs of another value of an ignored setting, and still none under another value of
+    any other setting (nor a record without a protocol)."""
+    path = tmp_path / "runs.jsonl"
+    RunLog(path, {"budget": 16, "lr": 1e-3}, key).append({"arm": "full", "seed": 0, "acc": 0.4})
+    RunLog(path, {"budget": 16, "lr": 2e-3}, key).append({"arm": "full", "seed": 1, "acc": 0.9})
+    with open(path, "a") as fh:
+        fh.write('{"arm": "full", "seed": 2, "acc": 0.1}\n')
+    log = RunLog(path, {"budget": 7, "lr": 1e-3}, key)
+    assert log.done() == {}
+    assert log.done(ignore=("budget",)) == {("full", 0): {"arm": "full", "seed": 0, "acc": 0.4}}
+    assert log.done(ignore=("lr",)) == {}
+
+
 def test_protocol_of_records_an_optional_setting_only_away_from_its_default():
     from argparse import Namespace
 

@@ -187,3 +187,34 @@ def test_shift_minus_each_arm_is_the_paired_item_difference():
     text = _report(rl, res, 2, 70)
     assert text.count("SHIFT − arm [95 % CI]") == 2
     assert f"| {kc['shift_minus']:+.3f} [" in text
+
+
+def test_another_budget_takes_the_start_and_full_pool_runs_of_the_same_protocol(tmp_path):
+    """--reference-from lends a new budget the starting policy's evaluation and the full-pool runs trained under the
+    same settings apart from the budget and feature length; never a selector's run (its picks depend on the budget),
+    and nothing under another training setting."""
+    from llmtool.core.runlog import RunLog
+
+    rl = load_benchmark("select_data_rl")
+    path = tmp_path / "b16.runs.jsonl"
+    p16 = {"budget": 16, "feature_tokens": 48, "lr": 1e-5, "start_checksum": "abc"}
+    log = RunLog(path, p16, lambda r: (r["arm"], r["seed"]))
+    for arm, seed in [("base", 0), ("full", 0), ("full", 1), ("shift", 0)]:
+        log.append(_record(arm, seed, [1, 0]))
+    lent = rl.reference_runs(path, {**p16, "budget": 7, "feature_tokens": 32})
+    assert sorted(lent) == [("base", 0), ("full", 0), ("full", 1)]
+    assert lent[("full", 1)] == _record("full", 1, [1, 0])
+    assert rl.reference_runs(path, {**p16, "budget": 7, "lr": 5e-5}) == {}
+    assert rl.reference_runs(path, {**p16, "budget": 7, "start_checksum": "def"}) == {}
+
+
+def test_reference_from_a_missing_runs_file_is_a_usage_error():
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    out = subprocess.run([sys.executable, str(root / "benchmarks" / "select_data_rl.py"), "--reference-from",
+                          "no_such_tag", "--report-only"], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 2
+    assert "--reference-from: no runs file no_such_tag.runs.jsonl" in out.stderr.strip().splitlines()[-1]

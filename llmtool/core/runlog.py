@@ -27,14 +27,19 @@ class RunLog:
     """``RunLog(path, protocol, key)``: ``key(record)`` names a run (e.g. (arm, fault, seed)).
 
     ``done()`` -> {key: record} of the runs under ``protocol`` (the last one wins when a key repeats);
-    ``append(record)`` writes one finished run (flushed at once). Records come back without the protocol."""
+    ``done(ignore=keys)`` also takes runs whose protocol differs only in those settings (for runs that no such
+    setting changes); ``append(record)`` writes one finished run (flushed at once). Records come back without the
+    protocol."""
 
     def __init__(self, path: Path | str, protocol: dict, key: Callable[[dict], Hashable]):
         self.path, self.key = Path(path), key
         self.protocol = json.loads(json.dumps(protocol, default=str))  # as it will read back from the file
 
-    def done(self) -> dict:
-        out = {}
+    def done(self, ignore: tuple[str, ...] = ()) -> dict:
+        def settings(protocol):
+            return {k: v for k, v in protocol.items() if k not in ignore} if isinstance(protocol, dict) else protocol
+
+        want, out = settings(self.protocol), {}
         if self.path.is_file():
             for line in self.path.read_text().splitlines():
                 if not line.strip():
@@ -43,7 +48,7 @@ class RunLog:
                     rec = json.loads(line)
                 except json.JSONDecodeError:  # a line cut by a crash mid-write: that run is simply redone
                     continue
-                if rec.pop("protocol", None) == self.protocol:
+                if settings(rec.pop("protocol", None)) == want:
                     out[self.key(rec)] = rec
         return out
 
