@@ -215,6 +215,7 @@ def test_reference_from_a_missing_runs_file_is_a_usage_error():
 
     root = Path(__file__).resolve().parents[1]
     out = subprocess.run([sys.executable, str(root / "benchmarks" / "select_data_rl.py"), "--reference-from",
-                          "no_such_tag", "--report-only"], capture_output=True, text=True, timeout=120)
+                          "no_such_tag", "--report-only"], capture_output=True, text=True, timeout=120,
+                         check=False)
     assert out.returncode == 2
     assert "--reference-from: no runs file no_such_tag.runs.jsonl" in out.stderr.strip().splitlines()[-1]
