@@ -81,12 +81,17 @@ def run_protocol(a, checksum: str) -> dict:
     return {**protocol_of(a, PROTOCOL, OPTIONAL), "start_checksum": checksum}
 
 
+def run_key(record: dict) -> tuple:
+    """A run's name in the runs files: (arm, GRPO seed); a lent run keeps the name it had."""
+    return record["arm"], record["seed"]
+
+
 def reference_runs(path: Path, protocol: dict) -> dict:
     """The starting policy's evaluation and the full-pool runs in the runs file ``path`` whose protocol equals
     ``protocol`` apart from the PICK_ONLY settings: {(arm, seed): record}."""
     from llmtool.core.runlog import RunLog
 
-    other = RunLog(path, protocol, lambda r: (r["arm"], r["seed"]))
+    other = RunLog(path, protocol, run_key)
     return {k: r for k, r in other.done(ignore=PICK_ONLY).items() if k[0] in REFERENCE_ARMS}
 
 
@@ -447,8 +452,8 @@ def main() -> None:
         only = {int(x) for x in a.train_seeds.split(",")} if a.train_seeds else None
     except ValueError:
         ap.error(f"--train-seeds: a comma list of integers, got {a.train_seeds!r}")
-    ref_path = RESULTS / f"{a.reference_from}.runs.jsonl"
-    if a.reference_from and ("/" in a.reference_from or not ref_path.is_file()):
+    ref_path = RESULTS / f"{a.reference_from}.runs.jsonl" if a.reference_from else None
+    if ref_path and ("/" in a.reference_from or not ref_path.is_file()):
         ap.error(f"--reference-from: no runs file {ref_path.name} in benchmarks/results")
     from llmtool.core.runlog import RunLog
     from llmtool.select_data.methods import SELECTORS
@@ -460,9 +465,9 @@ def main() -> None:
     arms = ([] if a.no_full else ["full"]) + sels
     policy, checksum = start_policy(a)
     protocol = run_protocol(a, checksum)
-    log = RunLog(RESULTS / f"{a.tag}.runs.jsonl", protocol, lambda r: (r["arm"], r["seed"]))
+    log = RunLog(RESULTS / f"{a.tag}.runs.jsonl", protocol, run_key)
     done = log.done()
-    if a.reference_from:  # a new budget: the full arm and the start as another tag trained them, copied in
+    if ref_path:  # a new budget: the full arm and the start as another tag trained them, copied in
         lent = {k: {**r, "reference_from": a.reference_from} for k, r in reference_runs(ref_path, protocol).items()
                 if k not in done}
         for r in lent.values():
