@@ -476,6 +476,7 @@ def main() -> None:
         print(f"[shift-rl] {len(lent)} start / full-pool runs taken from {ref_path.name}", flush=True)
     runs = [("base", 0)] + [(x, s) for s in range(a.seeds) for x in arms]
     missing = [k for k in runs if k not in done]
+    unfinished = len(missing)
     if only is not None and not a.report_only:
         missing = [(x, s) for x, s in missing if x == "base" or s in only]  # the start is every arm's reference
     if a.report_only:
@@ -491,7 +492,8 @@ def main() -> None:
     todo = [{"arm": x, "seed": s, "ids": [] if x == "base" else pick(x, s, feats, a.budget, n), "a": vars(a),
              "policy": policy} for x, s in missing]
     if not a.report_only:
-        print(f"[shift-rl] {len(runs)} runs: {len(runs) - len(todo)} reused, {len(todo)} to train", flush=True)
+        left = f", {unfinished - len(todo)} left to other --train-seeds" if unfinished > len(todo) else ""
+        print(f"[shift-rl] {len(runs)} runs: {len(runs) - unfinished} reused, {len(todo)} to train{left}", flush=True)
 
     def keep(r):
         done[(r["arm"], r["seed"])] = r
