@@ -33,6 +33,8 @@ MIN_SEEDS = 3
 # reader does not import the training script and its dependencies)
 PICK_ONLY = ("budget", "feature_tokens")
 CLAIM = "SHIFT − random > 0 in-domain (95 % CI above 0)"
+# the other selectors' line colours: matplotlib's cycle without SHIFT's (C1) and the start line's grey (C7)
+OTHER_COLOURS = ("C0", "C2", "C3", "C4", "C5", "C6", "C8", "C9")
 
 
 def load(tags: list[str], results: Path | None = None) -> list[dict]:
@@ -153,7 +155,7 @@ def plot(res: dict, path: Path) -> str | None:
         return None
     budgets = [int(b) for b in res["budgets"]]
     arms = list(dict.fromkeys(a for b in res["budgets"].values() for a in b["arms"]))
-    fig, ax = plt.subplots(figsize=(6.4, 4.0))
+    fig, ax = plt.subplots(figsize=(7.6, 4.0))
     for i, a in enumerate(arms):
         xs, ys, dots = [], [], []
         for b in budgets:
@@ -162,7 +164,7 @@ def plot(res: dict, path: Path) -> str | None:
                 xs.append(b)
                 ys.append(100 * e["in_domain"])
                 dots += [(b, 100 * v) for v in e["per_seed_in_domain"]]
-        style = {"color": "C1", "lw": 2.5} if a == "shift" else {"color": f"C{(i + 2) % 10}", "lw": 1.2}
+        style = {"color": "C1", "lw": 2.5} if a == "shift" else {"color": OTHER_COLOURS[i % len(OTHER_COLOURS)], "lw": 1.2}
         ax.plot(xs, ys, "o-", label=a, **style)
         ax.plot([d[0] for d in dots], [d[1] for d in dots], ".", color=style["color"], alpha=0.4, ms=4)
     ax.axhline(100 * res["base"]["in_domain"], color="C7", ls="--", label="start (no RL)")
@@ -173,7 +175,7 @@ def plot(res: dict, path: Path) -> str | None:
     ax.set_xlabel("budget B (prompts)")
     ax.set_ylabel("in-domain greedy pass@1 (%)")
     ax.set_title("GRPO on each selector's B prompts (dots: seeds)")
-    ax.legend(fontsize=7, ncol=2)
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
