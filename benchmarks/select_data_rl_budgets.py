@@ -47,8 +47,11 @@ def load(tags: list[str], results: Path | None = None) -> list[dict]:
         p = results / f"{t}.json"
         if "/" in t or not p.is_file():
             raise SystemExit(f"error: --tags: no report {t}.json in benchmarks/results")
-        r = json.loads(p.read_text())
-        if "settings" not in r or "arms" not in r:
+        try:
+            r = json.loads(p.read_text())
+        except ValueError:
+            r = {}
+        if not isinstance(r, dict) or "settings" not in r or "arms" not in r:
             raise SystemExit(f"error: --tags: {t}.json is not a select_data_rl.py report")
         reps.append({"tag": t, **r})
     ref = reps[0]
@@ -105,42 +108,32 @@ def markdown(res: dict, command: str) -> str:
     budgets = list(res["budgets"])
     arms = list(dict.fromkeys(a for b in budgets for a in res["budgets"][b]["arms"]))
     full = res["full"]
+
+    def table(title: str, cell, *, skip_shift: bool = False) -> list[str]:
+        """One table: a row per selector, a column per budget; ``cell`` maps an arm's summary (or None) to text."""
+        rows = [f"| {a} | " + " | ".join(cell(res["budgets"][b]["arms"].get(a)) for b in budgets) + " |"
+                for a in arms if not (skip_shift and a == "shift")]
+        return ["", title, "", "| selector | " + " | ".join(f"B = {b}" for b in budgets) + " |",
+                "|---|" + "---|" * len(budgets), *rows]
+
+    def shift_minus(e: dict | None) -> str:
+        return _ci(e["shift_minus"], e["shift_minus_ci95"]) if e and e.get("shift_minus") is not None else "—"
+
     lines = ["# SHIFT with RL across budgets", "", f"Command: `{command}`", "",
              f"Starting policy {res['base']['in_domain']:.3f} in-domain (checksum {res['start_checksum']}); full pool "
              + (f"{full['in_domain']:.3f} ± {full['in_domain_sd'] or 0:.3f} ({full['seeds']} seeds), "
                 f"Δ {_ci(full['delta_vs_base'], full['delta_vs_base_ci95'])} points." if full else "not run."),
-             "Reports: " + ", ".join(f"B = {b}: `{res['budgets'][b]['tag']}`" for b in budgets) + ".", "",
-             "In-domain greedy pass@1, mean ± sd over seeds (seeds):", "",
-             "| selector | " + " | ".join(f"B = {b}" for b in budgets) + " |",
-             "|---|" + "---|" * len(budgets)]
-    for a in arms:
-        lines.append(f"| {a} | " + " | ".join(_cell(res["budgets"][b]["arms"].get(a)) for b in budgets) + " |")
-    lines += ["", "Δ vs the starting policy, points [95 % CI] (paired, seeds pooled):", "",
-              "| selector | " + " | ".join(f"B = {b}" for b in budgets) + " |", "|---|" + "---|" * len(budgets)]
-    for a in arms:
-        cells = [res["budgets"][b]["arms"].get(a) for b in budgets]
-        lines.append(f"| {a} | " + " | ".join(_ci(e["delta_vs_base"], e["delta_vs_base_ci95"]) if e else "not run"
-                                              for e in cells) + " |")
-    lines += ["", "SHIFT − selector, points [95 % CI] (bootstrap over test items):", "",
-              "| selector | " + " | ".join(f"B = {b}" for b in budgets) + " |", "|---|" + "---|" * len(budgets)]
-    for a in arms:
-        if a == "shift":
-            continue
-        cells = [res["budgets"][b]["arms"].get(a) for b in budgets]
-        lines.append(f"| {a} | " + " | ".join(_ci(e.get("shift_minus"), e.get("shift_minus_ci95"))
-                                              if e and e.get("shift_minus") is not None else "—" for e in cells) + " |")
-    prior = [g for b in budgets for e in res["budgets"][b]["arms"].values() if e.get("without_label_prior")
-             for g in [e["without_label_prior"]]]
+             "Reports: " + ", ".join(f"B = {b}: `{res['budgets'][b]['tag']}`" for b in budgets) + "."]
+    lines += table("In-domain greedy pass@1, mean ± sd over seeds (seeds):", _cell)
+    lines += table("Δ vs the starting policy, points [95 % CI] (paired, seeds pooled):",
+                   lambda e: _ci(e["delta_vs_base"], e["delta_vs_base_ci95"]) if e else "not run")
+    lines += table("SHIFT − selector, points [95 % CI] (bootstrap over test items):", shift_minus, skip_shift=True)
+    prior = [e["without_label_prior"] for b in budgets for e in res["budgets"][b]["arms"].values()
+             if e.get("without_label_prior")]
     if prior:
-        lines += ["", (f"SHIFT − selector without the label-prior generators ({prior[0]['n_items']} test items; "
-                       "each report's sensitivity rows), points [95 % CI]:"), "",
-                  "| selector | " + " | ".join(f"B = {b}" for b in budgets) + " |", "|---|" + "---|" * len(budgets)]
-        for a in arms:
-            if a == "shift":
-                continue
-            cells = [(res["budgets"][b]["arms"].get(a) or {}).get("without_label_prior") or {} for b in budgets]
-            lines.append(f"| {a} | " + " | ".join(_ci(e["shift_minus"], e["shift_minus_ci95"])
-                                                  if e.get("shift_minus") is not None else "—" for e in cells) + " |")
+        lines += table(f"SHIFT − selector without the label-prior generators ({prior[0]['n_items']} test items; "
+                       "each report's sensitivity rows), points [95 % CI]:",
+                       lambda e: shift_minus((e or {}).get("without_label_prior")), skip_shift=True)
     lines += ["", "Claim per budget:", ""] + [f"- {k}: {render(g)}" for k, g in res["gates"].items()]
     return "\n".join(lines) + "\n"
 

@@ -68,3 +68,10 @@ def test_a_missing_report_is_a_usage_error():
                           "no_such_tag"], capture_output=True, text=True, timeout=120, check=False)
     assert out.returncode == 2
     assert out.stderr.strip() == "error: --tags: no report no_such_tag.json in benchmarks/results"
+
+
+@pytest.mark.parametrize("text", ["{not json", "[1, 2]", '{"arms": {}}'])
+def test_a_file_that_is_not_a_report_is_refused(tmp_path, text):
+    (tmp_path / "bad.json").write_text(text)
+    with pytest.raises(SystemExit, match="bad.json is not a select_data_rl.py report"):
+        load_benchmark("select_data_rl_budgets").load(["bad"], tmp_path)
